@@ -1,0 +1,32 @@
+# One venv for everything. torch==2.9.0 so torch_xla 2.9.0 can join it.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test lab bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml requirements-test.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch_xla's wheel carries an older copy of torchax: install it first and
+	# let the pinned torchax overwrite that copy.
+	$(BIN)/pip install -q -r requirements-test.txt
+	$(BIN)/pip install -q --force-reinstall --no-deps torchax==0.0.13
+	$(BIN)/pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -q tests
+
+lab: venv
+	$(BIN)/pip install -q jupyterlab
+	$(BIN)/jupyter lab notebooks/
+
+bench: venv
+	PJRT_DEVICE=CPU $(BIN)/python bench/tracing.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,25 @@
+import os
+import tempfile
+
+# A private persistent cache per test session, so tests never see another run's executables.
+os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-cache-"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import xlakit  # noqa: E402
+
+
+@pytest.fixture
+def dev():
+    xlakit.mark_step()
+    xlakit.reset_metrics()
+    return xlakit.device()
+
+
+def assert_same(lazy: torch.Tensor, eager: torch.Tensor, **tol):
+    """Values, dtype and shape of a lazy tensor equal eager torch's."""
+    host = lazy.cpu()
+    assert host.dtype == eager.dtype, (host.dtype, eager.dtype)
+    assert host.shape == eager.shape, (host.shape, eager.shape)
+    torch.testing.assert_close(host, eager, **tol)

@@ -1,0 +1,13 @@
+"""xlakit: run PyTorch programs lazily on XLA and see every step."""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
+
+from .api import device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
+from .config import config
+from .record import StepRecord
+
+__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
+           "reset_metrics", "config", "StepRecord"]

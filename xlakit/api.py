@@ -1,0 +1,81 @@
+"""The public functions: step markers, partial syncs, save, records, counters."""
+from __future__ import annotations
+
+import torch
+
+from .engine import ENGINE
+from .frontend import device, unwrap, user_source
+from .record import StepRecord
+
+__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics", "reset_metrics"]
+
+
+def mark_step() -> None:
+    """Step marker: compute all pending work of all live tensors; may donate."""
+    ENGINE.sync(trigger="mark_step", source=_caller())
+
+
+def sync(tensors=None) -> None:
+    """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
+    if tensors is None:
+        ENGINE.sync(trigger="sync", source=_caller())
+    else:
+        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=_caller())
+
+
+def save(obj, path) -> None:
+    """Like torch.save, with CPU copies; a partial sync that never donates."""
+    lazy = _lazy_tensors(obj)
+    ENGINE.sync(lazy, trigger="save", source=_caller())
+    torch.save(_to_cpu(obj), path)
+
+
+def steps() -> list[StepRecord]:
+    return list(ENGINE.records)
+
+
+def last_step() -> StepRecord | None:
+    return ENGINE.records[-1] if ENGINE.records else None
+
+
+def metrics() -> dict[str, int]:
+    return ENGINE.metrics()
+
+
+def reset_metrics() -> None:
+    """Zero the counters and forget step records; the caches stay."""
+    ENGINE.reset_metrics()
+
+
+def _is_lazy(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == device().type
+
+
+def _lazy_tensors(obj) -> list:
+    return [unwrap(t)._state for t in _tensors(obj) if _is_lazy(t)]
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
+
+
+def _to_cpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu() if _is_lazy(obj) else obj
+    if isinstance(obj, dict):
+        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _caller() -> str | None:
+    source = user_source()
+    return str(source) if source else None

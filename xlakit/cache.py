@@ -1,0 +1,91 @@
+"""Executables by key: an in-memory LRU in front of JAX's persistent cache on disk."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+from pathlib import Path
+
+import jax
+import jax.monitoring
+
+
+@dataclasses.dataclass
+class Entry:
+    compiled: object          # jax.stages.Compiled
+    key: object               # keys.Key
+    hlo: str                  # optimized HLO text, for views
+    uses: int = 0
+    # GraphInfo per metadata digest: a hit with the same metadata reuses it.
+    graph_infos: dict = dataclasses.field(default_factory=dict)
+
+
+class ExecutableCache:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+
+    def get(self, key: str) -> Entry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+            entry.uses += 1
+        return entry
+
+    def put(self, key: str, entry: Entry) -> None:
+        entry.uses = 1
+        self._entries[key] = entry
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def keys(self) -> list:
+        return [e.key for e in self._entries.values()]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def default_cache_dir() -> str | None:
+    """XLAKIT_CACHE_DIR wins (empty turns the disk cache off); else a per-user dir."""
+    configured = os.environ.get("XLAKIT_CACHE_DIR")
+    if configured is not None:
+        return configured or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xlakit", "jax")
+
+
+def enable_persistent_cache(path: str | None) -> str | None:
+    """Point JAX's persistent compilation cache at `path` (private to the user)."""
+    if path is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    # Cache every executable: small graphs recompile as often as large ones.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+class PersistentHits:
+    """Counts JAX's persistent-cache hits, so a compile can tell it was served from disk."""
+
+    def __init__(self):
+        self._hits = 0
+        self._lock = threading.Lock()
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_event(self, event: str, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            with self._lock:
+                self._hits += 1
+
+    @property
+    def count(self) -> int:
+        return self._hits

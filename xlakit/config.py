@@ -1,0 +1,21 @@
+"""User settings. Read at use, so changing them takes effect at once."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+@dataclasses.dataclass
+class Config:
+    # Raise instead of running ops with no lowering eagerly on CPU.
+    strict_lowering: bool = os.environ.get("XLAKIT_STRICT", "") not in ("", "0")
+    # In-memory executables kept (least recently used go first).
+    cache_size: int = int(os.environ.get("XLAKIT_CACHE_SIZE", "1024"))
+    # Donate overwritten buffers at step markers.
+    donate: bool = True
+    # Wait for each execution to finish, so StepRecord.timings.execute is its
+    # real duration; off lets tracing of the next step overlap execution.
+    wait_for_execution: bool = True
+
+
+config = Config()

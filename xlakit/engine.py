@@ -1,0 +1,294 @@
+"""The lazy executor: live tensors, syncs, donation plan, cache lookup, execution.
+
+One `Engine` per process. Frontend tensors register here; a sync cuts a graph
+out of their pending IR, keys it, finds or compiles its executable, runs it,
+rebinds the tensors to the results and appends one StepRecord.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import warnings
+
+import jax
+import torch
+
+from . import cache as cache_mod
+from . import keys, lowering
+from .config import config
+from .ir import Aval, DeviceData, Graph, Node, build_graph
+from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
+
+_COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
+             "executions", "donated_buffers", "donated_bytes")
+
+# JAX warns when a donated buffer cannot be aliased to an output; the plan only
+# donates buffers with a same-shaped output, so the warning is noise.
+warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+
+
+class StepFailedError(RuntimeError):
+    """Raised when a tensor is read whose computation could not be compiled."""
+
+
+class LiveValue:
+    """The value behind one or more lazy tensors: device data, or a pending
+    node output, or the error that kept it from being computed.
+
+    The registry maps a tensor's C++ TensorImpl to its value and holds a C++
+    weak reference to that TensorImpl: Python's garbage collector may clear
+    the attributes (and Python weak references) of a tensor subclass object
+    that only C++ still holds (a functional wrapper's inner value), so neither
+    can tell whether the tensor is alive.
+    """
+
+    __slots__ = ("aval", "node", "index", "data", "error", "__weakref__")
+
+    def __init__(self, aval: Aval, node: Node | None, index: int, data: DeviceData | None):
+        self.aval, self.node, self.index, self.data, self.error = aval, node, index, data, None
+
+    def __repr__(self) -> str:
+        state = "data" if self.data is not None else ("pending" if self.node is not None else "failed")
+        return f"{self.aval}, {state}"
+
+    def operand(self):
+        """What this value contributes to a new node."""
+        self.check_usable()
+        self.resolve()
+        return self.data if self.data is not None else (self.node, self.index)
+
+    def computed(self) -> DeviceData:
+        self.check_usable()
+        self.resolve()
+        if self.data is None:
+            raise RuntimeError("xlakit internal error: value read before it was computed")
+        return self.data
+
+    def resolve(self) -> None:
+        """Swap a pending node output for its device data once it was computed."""
+        node = self.node
+        if node is not None and node.results is not None and node.results[self.index] is not None:
+            self.data, self.node = node.results[self.index], None
+
+    def check_usable(self) -> None:
+        if self.error is not None:
+            raise StepFailedError(f"this tensor's value could not be computed: {self.error}") from self.error
+
+    def fail(self, error: BaseException) -> None:
+        self.error, self.node = error, None
+
+
+class Engine:
+    def __init__(self):
+        self.tensors: dict[int, tuple[LiveValue, torch._C._WeakTensorRef]] = {}
+        self.cache = cache_mod.ExecutableCache(config.cache_size)
+        self.cache_dir = cache_mod.enable_persistent_cache(cache_mod.default_cache_dir())
+        self.persistent_hits = cache_mod.PersistentHits()
+        self.records: list[StepRecord] = []
+        self.counters = collections.Counter({name: 0 for name in _COUNTERS})
+        self.trace_seconds = 0.0
+        self.step_index = 0
+        self.lock = threading.RLock()
+
+    # -- tensors ------------------------------------------------------------
+    def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
+        self.tensors[tensor._cdata] = (value, torch._C._WeakTensorRef(tensor))
+
+    def value_of(self, tensor: torch.Tensor) -> LiveValue:
+        return self.tensors[tensor._cdata][0]
+
+    def live_values(self) -> list[LiveValue]:
+        """Values of tensors still alive; forget the rest."""
+        dead = [k for k, (_, ref) in self.tensors.items() if ref.expired()]
+        for k in dead:
+            del self.tensors[k]
+        return list({id(v): v for v, _ in self.tensors.values()}.values())
+
+    # -- syncs --------------------------------------------------------------
+    def sync(self, tensors=None, *, trigger: str, source: str | None = None) -> None:
+        """Compute pending values. `tensors=None` is a step marker (all live
+        tensors; may donate); a list is a partial sync (never donates)."""
+        with self.lock:
+            full = tensors is None
+            live = self.live_values()
+            for t in live:
+                t.resolve()
+            targets = live if full else tensors
+            if not full:
+                for t in targets:
+                    t.check_usable()
+                    t.resolve()
+            targets = [t for t in targets if t.node is not None]
+            if not targets:
+                return
+            while targets:
+                try:
+                    self._execute(targets, live, full=full, trigger=trigger, source=source)
+                    return
+                except lowering.NodeLoweringError as error:
+                    targets = self._poison(targets, error)
+                    if not full or not targets:
+                        raise
+
+    def _poison(self, targets, error: lowering.NodeLoweringError) -> list:
+        """Mark the tensors that depend on the failed node; return the others."""
+        bad = error.node
+        healthy = []
+        for t in targets:
+            if _depends_on(t.node, bad):
+                t.fail(error)
+            else:
+                healthy.append(t)
+        return healthy
+
+    def _execute(self, targets, live, *, full: bool, trigger: str, source: str | None) -> None:
+        roots, seen = [], {}
+        for t in targets:
+            value = (t.node, t.index)
+            if (id(value[0]), value[1]) not in seen:
+                seen[(id(value[0]), value[1])] = len(roots)
+                roots.append(value)
+        graph = build_graph(roots)
+        for p in graph.params:
+            if p.donated:
+                raise RuntimeError(
+                    f"xlakit internal error: {p} was donated but a pending graph still reads it. "
+                    "Please report this with the program that caused it."
+                )
+        donors, note = self._plan_donation(graph, live) if full else ((), "partial sync: never donates")
+        flags = keys.compile_flags(lowering.matmul_precision(), lowering.LOWERING_VERSION)
+        key = keys.compute_key(graph, donors, flags)
+
+        lower_s = compile_s = 0.0
+        changed: tuple[str, ...] = ()
+        entry = self.cache.get(key.key)
+        if entry is not None:
+            outcome = "hit"
+            self.counters["cache_hits"] += 1
+        else:
+            changed = self._closest_diff(key)
+            t0 = time.perf_counter()
+            lowered = lowering.lower(graph, donors, flags["matmul_precision"])
+            t1 = time.perf_counter()
+            hits_before = self.persistent_hits.count
+            compiled = lowered.compile()
+            t2 = time.perf_counter()
+            lower_s, compile_s = t1 - t0, t2 - t1
+            outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
+            self.counters["cache_misses"] += 1
+            if outcome == "persistent_hit":
+                self.counters["persistent_cache_hits"] += 1
+            else:
+                self.counters["compiles"] += 1
+            entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "")
+            self.cache.capacity = config.cache_size
+            self.cache.put(key.key, entry)
+
+        t3 = time.perf_counter()
+        outputs = entry.compiled(*(p.array for p in graph.params))
+        if config.wait_for_execution:
+            jax.block_until_ready(outputs)
+        execute_s = time.perf_counter() - t3
+
+        donated = []
+        for i in donors:
+            p = graph.params[i]
+            donated.append(DonatedBuffer(i, p.label, p.aval.shape, str(p.aval.dtype).removeprefix("torch."),
+                                         p.aval.nbytes))
+            p.donated, p.array = True, None
+        self._bind_results(graph, roots, outputs, targets)
+
+        graph_info = entry.graph_infos.get(key.metadata_digest)
+        if graph_info is None:
+            graph_info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors)
+        self.counters["executions"] += 1
+        self.counters["donated_buffers"] += len(donated)
+        self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
+        self.records.append(StepRecord(
+            index=self.step_index, trigger=trigger, key=key.key, components=dict(key.components),
+            metadata_digest=key.metadata_digest, cache=outcome, donated=tuple(donated),
+            num_nodes=len(graph.nodes), num_inputs=len(graph.params), num_outputs=len(graph.roots),
+            timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s, execute=execute_s),
+            graph=graph_info, changed=changed, uses=entry.uses,
+            donation_note=note, source=source,
+        ))
+        self.step_index += 1
+        self.trace_seconds = 0.0
+
+    def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
+        for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
+            if node.results is None:
+                node.results = [None] * len(node.avals)
+            node.results[index] = DeviceData(array, aval)
+        for t in targets:
+            t.resolve()
+
+    def _plan_donation(self, graph: Graph, live) -> tuple[tuple[int, ...], str]:
+        """Donate a buffer iff no live tensor still holds it, it is writable,
+        and an output of the same shape and dtype can take its place."""
+        if not config.donate:
+            return (), "donation turned off (xlakit.config.donate)"
+        held = {id(t.data) for t in live if t.data is not None}
+        free_outputs = collections.Counter(graph.root_avals)
+        donors, still_read, read_only = [], 0, 0
+        for i, p in enumerate(graph.params):
+            if p.read_only:
+                read_only += 1
+            elif id(p) in held:
+                still_read += 1
+            elif free_outputs[p.aval] > 0:
+                free_outputs[p.aval] -= 1
+                donors.append(i)
+        reasons = []
+        if still_read:
+            reasons.append(f"{still_read} input(s) still referenced by live tensors")
+        if read_only:
+            reasons.append(f"{read_only} read-only input(s) (constants, scalars)")
+        return tuple(donors), "; ".join(reasons)
+
+    def _closest_diff(self, key: keys.Key) -> tuple[str, ...]:
+        best = None
+        for cached in self.cache.keys():
+            changed = keys.diff(key, cached)
+            if best is None or len(changed) < len(best):
+                best = changed
+        return tuple(best) if best is not None else ()
+
+    # -- counters -----------------------------------------------------------
+    def metrics(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    def reset_metrics(self) -> None:
+        self.counters = collections.Counter({name: 0 for name in _COUNTERS})
+        self.records.clear()
+
+
+def _depends_on(node: Node, target: Node) -> bool:
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n is target:
+            return True
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(o[0] for o in n.operands if not isinstance(o, DeviceData))
+    return False
+
+
+def _graph_info(graph: Graph, donors) -> GraphInfo:
+    donor_set = set(donors)
+    return GraphInfo(
+        nodes=tuple(
+            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)),
+                     source=str(n.source) if n.source else None)
+            for n, w in zip(graph.nodes, graph.wiring)
+        ),
+        params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set)
+                     for i, p in enumerate(graph.params)),
+        roots=tuple(graph.roots),
+    )
+
+
+ENGINE = Engine()

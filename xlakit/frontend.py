@@ -1,0 +1,427 @@
+"""The torch side: the lazy device, its tensors, and how aten ops become IR.
+
+A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
+around a `LazyTensor`. PyTorch's functionalization layer turns views and
+in-place ops into functional ops before they reach `__torch_dispatch__`, so the
+IR holds only functional ops and an in-place update is a rebinding of the
+wrapper to a new `LazyTensor`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+from . import lowering, transfer
+from .config import config
+from .engine import ENGINE, LiveValue
+from .ir import Aval, DeviceData, Node, Source
+from .lowering import Slot, fill
+
+DEVICE = torch.device("lazy", 0)
+_META = torch.device("meta")
+_JAX = torch.device("jax", 0)  # the device torchax's lowerings expect in factory arguments
+aten = torch.ops.aten
+
+
+def device() -> torch.device:
+    """The lazy XLA device: whatever platform JAX runs on (CPU, GPU, TPU)."""
+    return DEVICE
+
+
+class LazyTensor(torch.Tensor):
+    """A torch tensor on the lazy device; its value is kept by the engine."""
+
+    @staticmethod
+    def __new__(cls, state: LiveValue):
+        t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
+        ENGINE.register(t, state)
+        return t
+
+    @property
+    def _state(self) -> LiveValue:
+        return ENGINE.value_of(self)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        try:
+            return _dispatch(func, args, kwargs or {})
+        finally:
+            ENGINE.trace_seconds += time.perf_counter() - start
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self._state})"
+
+
+def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
+               data: DeviceData | None = None) -> LazyTensor:
+    return LazyTensor(LiveValue(aval, node, index, data))
+
+
+# -- wrapping -----------------------------------------------------------------
+def wrap(inner: LazyTensor) -> torch.Tensor:
+    return torch._to_functional_tensor(inner)
+
+
+def unwrap(t: torch.Tensor) -> LazyTensor:
+    """The LazyTensor currently behind a user-visible tensor."""
+    if isinstance(t, LazyTensor):
+        return t
+    if torch._is_functional_tensor(t):
+        torch._sync(t)
+        inner = torch._from_functional_tensor(t)
+        if isinstance(inner, LazyTensor):
+            return inner
+    raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
+
+
+def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
+    aval = Aval(tuple(t.shape), t.dtype)
+    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label))
+
+
+def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
+    state = inner._state
+    ENGINE.sync([state], trigger=trigger, source=_user_source_str())
+    return transfer.to_host(state.computed().array, inner.dtype)
+
+
+# -- source lines -------------------------------------------------------------
+_LIBRARY_DIRS = tuple(
+    os.path.dirname(m.__file__) + os.sep
+    for m in (torch, sys.modules["xlakit"], sys.modules["torchax"], sys.modules["contextlib"])
+)
+
+
+def user_source() -> Source | None:
+    """The innermost frame outside torch, torchax, xlakit and the stdlib's contextlib."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_LIBRARY_DIRS) and filename != "<string>":
+            return Source(filename, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def _user_source_str() -> str | None:
+    source = user_source()
+    return str(source) if source else None
+
+
+# -- recording ------------------------------------------------------------------
+# Scalar arguments of these ops enter the graph as 0-d inputs, so a changed
+# learning rate or momentum does not recompile.
+_LIFT_SCALARS = frozenset({
+    "add", "sub", "rsub", "mul", "div", "addcmul", "addcdiv", "lerp", "where",
+    "masked_fill", "fill", "clamp",
+})
+_LIFTED = ("lifted-scalar",)
+_SCALAR_CACHE: dict[tuple, DeviceData] = {}
+
+
+def _scalar_positions(op) -> frozenset[str]:
+    if op._overloadpacket.__name__ not in _LIFT_SCALARS:
+        return frozenset()
+    return frozenset(a.name for a in op._schema.arguments if str(a.type) in ("number", "Optional[number]"))
+
+
+_SCALAR_ARGS: dict = {}
+
+
+def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
+    key = (repr(value), dtype)
+    data = _SCALAR_CACHE.get(key)
+    if data is None:
+        if len(_SCALAR_CACHE) > 4096:
+            _SCALAR_CACHE.clear()
+        host = torch.tensor(value, dtype=dtype)
+        data = _SCALAR_CACHE[key] = DeviceData(
+            transfer.to_device(host), Aval((), dtype), label="scalar", read_only=True)
+    return data
+
+
+def _split(func, args, kwargs):
+    """Separate tensors from constants.
+
+    Returns (template, tensors, signature): template has `Slot`s where tensors
+    (and lifted scalars) were; signature replaces tensors by their avals and is
+    the memo key for shape inference.
+    """
+    tensors: list = []
+    lift = _SCALAR_ARGS.get(func)
+    if lift is None:
+        lift = _SCALAR_ARGS[func] = _scalar_positions(func)
+    names = func._schema.arguments
+    arg_parts = [_split_one(a, tensors, bool(lift) and names[i].name in lift) for i, a in enumerate(args)]
+    kw_parts = [(k, _split_one(v, tensors, k in lift)) for k, v in kwargs.items()]
+    template = (tuple(p[0] for p in arg_parts), tuple((k, p[0]) for k, p in kw_parts))
+    signature = (func, tuple(p[1] for p in arg_parts), tuple((k, p[1]) for k, p in kw_parts))
+    return template, tensors, signature
+
+
+# Module-level, not nested: a recursive closure forms a reference cycle that
+# would keep every tensor it saw alive until the garbage collector runs.
+def _split_one(value, tensors: list, lifted: bool):
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return Slot(len(tensors) - 1), (value.shape, value.dtype)
+    if isinstance(value, (list, tuple)):
+        parts = [_split_one(v, tensors, False) for v in value]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+    if lifted and type(value) is float:
+        tensors.append(value)
+        return Slot(len(tensors) - 1), _LIFTED
+    if isinstance(value, torch.device):
+        return (_JAX if value.type == "lazy" else value), str(value)
+    return value, (value.__class__, value)
+
+
+class _NeedsEager(Exception):
+    """Shape inference says the op cannot be traced (data-dependent output)."""
+
+
+# memo: signature -> (output avals, output structure, node signature bytes)
+_SHAPES: dict = {}
+
+
+def _infer(func, template, tensors, signature):
+    cached = _SHAPES.get(signature)
+    if cached is not None:
+        return cached
+    metas = [
+        torch.empty(t.shape, dtype=t.dtype, device=_META) if isinstance(t, torch.Tensor) else t
+        for t in tensors
+    ]
+    args, kwargs = fill(_meta_template(template), metas)
+    try:
+        out = func(*args, **kwargs)
+    except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
+        raise _NeedsEager(str(e)) from e
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    if not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise _NeedsEager("returns Python values, not tensors")
+    avals = tuple(Aval(tuple(o.shape), o.dtype) for o in outputs)
+    structure = type(out) if isinstance(out, (tuple, list)) else None
+    node_signature = repr((str(func), template, avals)).encode()
+    result = _SHAPES[signature] = (avals, structure, node_signature)
+    return result
+
+
+def _meta_template(template):
+    args, kwargs = template
+    return tuple(_to_meta(a) for a in args), tuple((k, _to_meta(v)) for k, v in kwargs)
+
+
+def _to_meta(v):
+    if isinstance(v, torch.device):
+        return _META
+    if isinstance(v, tuple):
+        return tuple(_to_meta(x) for x in v)
+    return v
+
+
+def _operand(value, func, source):
+    if isinstance(value, LazyTensor):
+        return value._state.operand()
+    if isinstance(value, float):
+        return _lifted_scalar(value, torch.get_default_dtype())
+    if value.dim() == 0:  # CPU scalars mix with device tensors, as in eager torch
+        data = from_host(value)._state.data
+        data.read_only = True
+        return data
+    raise RuntimeError(
+        f"{func}: expected all tensors to be on the same device, but found at least two devices, "
+        f"{DEVICE} and {value.device} (at {source}). Move the CPU tensor with .to(xlakit.device())."
+    )
+
+
+def _dispatch(func, args, kwargs):
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special(*args, **kwargs)
+    template, tensors, signature = _split(func, args, kwargs)
+    try:
+        avals, structure, node_signature = _infer(func, template, tensors, signature)
+    except _NeedsEager as e:
+        return run_eagerly(func, args, kwargs, reason=str(e))
+    except Exception as e:
+        source = user_source()
+        raise type(e)(f"{func}: {e}" + (f" (at {source})" if source else "")) from e
+    if not _lowerable(func):
+        return run_eagerly(func, args, kwargs, reason="no XLA lowering")
+    source = user_source()
+    float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
+                       torch.get_default_dtype())
+    operands = tuple(
+        _lifted_scalar(t, float_dtype) if isinstance(t, float) else _operand(t, func, source)
+        for t in tensors
+    )
+    node = Node(func, operands, template, avals, source, node_signature)
+    outputs = [new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+    return structure(outputs) if structure is not None else outputs[0]
+
+
+_LOWERABLE: dict = {}
+
+
+def _lowerable(func) -> bool:
+    known = _LOWERABLE.get(func)
+    if known is None:
+        known = _LOWERABLE[func] = lowering.has_lowering(func) and not _is_random(func)
+    return known
+
+
+def _is_random(func) -> bool:
+    # torchax draws random numbers from a key fixed at trace time, so a cached
+    # executable would repeat them: random ops run eagerly, seeded by torch.
+    return any(str(a.type) == "Generator?" for a in func._schema.arguments) or (
+        func._overloadpacket.__name__ in ("native_dropout", "rand_like", "randn_like", "randint_like")
+    )
+
+
+# -- eager fallback -----------------------------------------------------------
+_WARNED: set = set()
+
+
+def run_eagerly(func, args, kwargs, *, reason: str):
+    """Run one op in eager torch on CPU: inputs by a partial sync, results uploaded."""
+    source = user_source()
+    where = f" at {source}" if source else ""
+    if config.strict_lowering:
+        raise NotImplementedError(
+            f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
+            "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
+        )
+    if func not in _WARNED:
+        _WARNED.add(func)
+        warnings.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.",
+                      stacklevel=2)
+    lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
+    ENGINE.sync([t._state for t in lazy], trigger="fallback", source=f"{func}{where}")
+
+    out = func(*_to_cpu(list(args)), **_to_cpu(kwargs))
+    return _upload_outputs(out)
+
+
+def _to_cpu(v):
+    if isinstance(v, LazyTensor):
+        return transfer.to_host(v._state.computed().array, v.dtype)
+    if isinstance(v, torch.device) and v.type == "lazy":
+        return torch.device("cpu")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu(x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_cpu(x) for k, x in v.items()}
+    return v
+
+
+def _upload_outputs(out):
+    if isinstance(out, torch.Tensor):
+        return from_host(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_upload_outputs(o) for o in out)
+    return out
+
+
+def _leaves(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+# -- ops with their own meaning on a lazy device ------------------------------
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if device is not None and torch.device(device).type != "lazy":
+        host = to_host(x, trigger="cpu")
+        return host.to(device=device, dtype=dtype or host.dtype)
+    return _dispatch(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
+
+
+def _copy(dst, src, non_blocking=False):
+    if not isinstance(src, LazyTensor):
+        return from_host(src.to(dtype=dst.dtype).expand(dst.shape))
+    if src.dtype != dst.dtype:
+        src = _dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+    if tuple(src.shape) != tuple(dst.shape):
+        src = _dispatch(aten.expand_copy.default, (src, list(dst.shape)), {})
+    return _alias(src)
+
+
+def _alias(x, *_, **__):
+    """A new tensor sharing x's value (values are immutable): no node, no copy."""
+    return LazyTensor(x._state)
+
+
+def _local_scalar_dense(x):
+    return to_host(x, trigger="item").item()
+
+
+_SPECIAL = {
+    aten._to_copy.default: _to_copy,
+    aten.copy.default: _copy,
+    aten.detach.default: _alias,
+    aten.alias.default: _alias,
+    aten.detach_copy.default: _alias,
+    aten.alias_copy.default: _alias,
+    aten.lift_fresh.default: _alias,
+    aten.clone.default: _alias,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+}
+
+
+# -- the Lazy dispatch key: factories and copies from the host -------------------
+def _lazy_backend(op, *args, **kwargs):
+    """Ops reach the Lazy key only when no argument is a LazyTensor (those stop
+    at the Python key first): factories with device=lazy and copies from CPU."""
+    if op in (aten._copy_from.default, aten._copy_from_and_resize.default):
+        src, dst = args[0], args[1]
+        value = src.to(dtype=dst.dtype)
+        if op is aten._copy_from.default:
+            value = value.expand(dst.shape)
+        return _replace(dst, from_host(value))
+    out = kwargs.get("out")
+    if out is None and not _is_random(op) and lowering.has_lowering(op):
+        return wrap(_dispatch(op, args, kwargs))
+    host_args = [torch.device("cpu") if isinstance(a, torch.device) and a.type == "lazy" else a for a in args]
+    host_kwargs = {k: (torch.device("cpu") if k == "device" and v is not None else v)
+                   for k, v in kwargs.items() if k != "out"}
+    if out is not None:
+        op = _functional_variant(op)
+    result = op(*host_args, **host_kwargs)
+    if out is not None:
+        return _replace(out, from_host(result))
+    return wrap(from_host(result))
+
+
+def _functional_variant(op):
+    packet = op._overloadpacket
+    name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
+    name = name.rstrip("_") or "default"
+    return getattr(packet, name) if name in packet.overloads() else packet.default
+
+
+def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
+    if torch._is_functional_tensor(dst):
+        torch._functionalize_replace(dst, inner)
+        torch._functionalize_commit_update(dst)
+        torch._sync(dst)
+        return dst
+    raise TypeError(f"cannot copy into {type(dst).__name__} on {dst.device}")
+
+
+_LIBRARY = torch.library.Library("_", "IMPL")
+_LIBRARY.fallback(_lazy_backend, "Lazy")

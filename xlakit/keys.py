@@ -1,0 +1,89 @@
+"""The compile-cache key: ordered named components, each a stable digest.
+
+Modelled on JAX's cache_key.get. Source metadata is digested too, but beside
+the key, never inside it (pytorch/xla #8538).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from functools import lru_cache
+
+from .ir import Graph, digest
+
+COMPONENTS = ("graph", "inputs", "donors", "backend", "flags")
+
+# XLA flags that only dump or log: they change no compiled code.
+_DEBUG_FLAG = re.compile(r"^--xla_(dump|log|debug|hlo_profile|.*_dump_)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    components: dict[str, str]
+    metadata_digest: str
+    key: str
+
+
+def graph_bytes(graph: Graph) -> bytes:
+    """Canonical structure: per node its signature and where each operand comes from."""
+    parts = []
+    for node, wires in zip(graph.nodes, graph.wiring):
+        parts.append(node.signature)
+        parts.append(repr(wires).encode())
+    parts.append(b"roots" + repr(graph.roots).encode())
+    return b"\x00".join(parts)
+
+
+def metadata_bytes(graph: Graph) -> bytes:
+    """Source lines of the nodes and labels of the inputs: shown, never in the key."""
+    sources = "\n".join(str(n.source) for n in graph.nodes)
+    labels = "\n".join(str(p.label) for p in graph.params)
+    return f"{sources}\n--\n{labels}".encode()
+
+
+def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str]) -> Key:
+    components = {
+        "graph": digest(graph_bytes(graph)),
+        "inputs": digest(" ".join(map(str, graph.param_avals)).encode()),
+        "donors": digest(repr(tuple(sorted(donors))).encode()),
+        "backend": _backend_digest(),
+        "flags": digest(repr(sorted(flags.items())).encode()),
+    }
+    key = digest(*(f"{name}={value}".encode() for name, value in components.items()))
+    return Key(components=components, metadata_digest=digest(metadata_bytes(graph)), key=key)
+
+
+def compile_flags(matmul_precision: str, lowering_version: str) -> dict[str, str]:
+    """Settings that change the compiled code; dump and debug flags are left out."""
+    xla_flags = " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not _DEBUG_FLAG.match(f)
+    )
+    return {"XLA_FLAGS": xla_flags, "matmul_precision": matmul_precision,
+            "lowering": lowering_version}
+
+
+@lru_cache(maxsize=1)
+def backend_description() -> dict[str, str]:
+    import jax
+    import jaxlib
+    import torch
+    import torchax
+
+    from . import __version__
+
+    device = jax.devices()[0]
+    return {
+        "platform": device.platform, "device_kind": device.device_kind,
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__,
+        "torchax": torchax.__version__, "torch": torch.__version__, "xlakit": __version__,
+    }
+
+
+def _backend_digest() -> str:
+    return digest(repr(sorted(backend_description().items())).encode())
+
+
+def diff(new: Key, old: Key) -> list[str]:
+    """Names of the components that differ between two keys, in key order."""
+    return [name for name in COMPONENTS if new.components[name] != old.components[name]]

@@ -1,0 +1,84 @@
+"""StepRecord: the one plain-data description of an execution that every view reads."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class DonatedBuffer:
+    index: int            # parameter index in the executable
+    label: str | None     # tensor label (module parameter name) if known
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeInfo:
+    op: str
+    operands: tuple[tuple, ...]   # ("p", param) or ("n", node, output)
+    avals: tuple[str, ...]
+    source: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParamInfo:
+    aval: str
+    label: str | None
+    donated: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphInfo:
+    nodes: tuple[NodeInfo, ...]
+    params: tuple[ParamInfo, ...]
+    roots: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timings:
+    trace: float = 0.0     # seconds spent recording ops since the previous execution
+    lower: float = 0.0
+    compile: float = 0.0
+    execute: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    index: int
+    trigger: str          # "mark_step", "sync", "item", "cpu", "save", "fallback", ...
+    key: str
+    components: dict[str, str]
+    metadata_digest: str
+    cache: str            # "hit", "miss", "persistent_hit"
+    donated: tuple[DonatedBuffer, ...]
+    num_nodes: int
+    num_inputs: int
+    num_outputs: int
+    timings: Timings
+    graph: GraphInfo
+    changed: tuple[str, ...] = ()   # on a miss: components that differ from the closest cached key
+    uses: int = 1                   # how many times this executable has run, this one included
+    donation_note: str = ""         # why nothing (or not more) was donated
+    source: str | None = None       # user line that caused the execution
+
+    @property
+    def donated_bytes(self) -> int:
+        return sum(d.nbytes for d in self.donated)
+
+    def __repr__(self) -> str:
+        lines = [
+            f"StepRecord #{self.index} trigger={self.trigger} cache={self.cache} key={self.key[:16]}",
+            f"  nodes={self.num_nodes} inputs={self.num_inputs} outputs={self.num_outputs}",
+        ]
+        for name, value in self.components.items():
+            lines.append(f"  {name:<8} {value[:16]}")
+        lines.append(f"  metadata {self.metadata_digest[:16]} (not in key)")
+        if self.changed:
+            lines.append(f"  changed vs closest cached key: {', '.join(self.changed)}")
+        if self.donated:
+            for d in self.donated:
+                lines.append(f"  donated #{d.index} {d.label or ''} {d.dtype}{list(d.shape)} {d.nbytes} B")
+        else:
+            lines.append(f"  donated nothing{': ' + self.donation_note if self.donation_note else ''}")
+        return "\n".join(lines)

@@ -1,0 +1,26 @@
+"""Moving tensor data between host torch tensors and device jax arrays."""
+from __future__ import annotations
+
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+
+# numpy has no bfloat16: move its bits as uint16 and reinterpret.
+_BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16)}
+
+
+def to_device(t: torch.Tensor) -> jax.Array:
+    t = t.detach().contiguous()
+    if t.dtype in _BITS:
+        bits, np_dtype = _BITS[t.dtype]
+        return jax.device_put(t.view(bits).numpy().view(np_dtype))
+    return jax.device_put(t.numpy())
+
+
+def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    host = np.array(array)  # a copy: torch must own writable memory
+    if dtype in _BITS:
+        bits, _ = _BITS[dtype]
+        return torch.from_numpy(host.view(np.uint16)).view(bits).view(dtype)
+    return torch.from_numpy(host).to(dtype)
