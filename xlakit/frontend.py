@@ -423,5 +423,18 @@ def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
     raise TypeError(f"cannot copy into {type(dst).__name__} on {dst.device}")
 
 
+def _lift_fresh_functionalize(t):
+    """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
+    makes a view of a temporary: in-place ops on the result would then update a
+    hidden base. A freshly made lazy tensor is its own base."""
+    if torch._is_functional_tensor(t):
+        return t if t.device.type == "lazy" else t.view_as(t)
+    return torch._to_functional_tensor(t)
+
+
 _LIBRARY = torch.library.Library("_", "IMPL")
 _LIBRARY.fallback(_lazy_backend, "Lazy")
+_FUNCTIONALIZE = torch.library.Library("aten", "IMPL", "Functionalize")
+with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
+    warnings.simplefilter("ignore")
+    _FUNCTIONALIZE.impl("lift_fresh", _lift_fresh_functionalize)
