@@ -122,14 +122,18 @@ class Engine:
             targets = [t for t in targets if t.node is not None]
             if not targets:
                 return
+            failure = None
             while targets:
                 try:
                     self._execute(targets, live, full=full, trigger=trigger, source=source)
-                    return
+                    break
                 except lowering.NodeLoweringError as error:
+                    # The tensors that need the failed node keep the error; the
+                    # rest are computed, so one bad line loses nothing else.
+                    failure = failure or error
                     targets = self._poison(targets, error)
-                    if not full or not targets:
-                        raise
+            if failure is not None:
+                raise failure
 
     def _poison(self, targets, error: lowering.NodeLoweringError) -> list:
         """Mark the tensors that depend on the failed node; return the others."""

@@ -204,7 +204,7 @@ def _infer(func, template, tensors, signature):
     try:
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
-        raise _NeedsEager(str(e)) from e
+        raise _NeedsEager("output shape depends on the data") from e
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not all(isinstance(o, torch.Tensor) for o in outputs):
         raise _NeedsEager("returns Python values, not tensors")
@@ -228,12 +228,16 @@ def _to_meta(v):
     return v
 
 
+_CPU_INDICES_OK = frozenset({"index", "index_put", "_index_put_impl"})
+
+
 def _operand(value, func, source):
     if isinstance(value, LazyTensor):
         return value._state.operand()
     if isinstance(value, float):
         return _lifted_scalar(value, torch.get_default_dtype())
-    if value.dim() == 0:  # CPU scalars mix with device tensors, as in eager torch
+    # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
+    if value.dim() == 0 or func._overloadpacket.__name__ in _CPU_INDICES_OK:
         data = from_host(value)._state.data
         data.read_only = True
         return data
@@ -247,6 +251,11 @@ def _dispatch(func, args, kwargs):
     special = _SPECIAL.get(func)
     if special is not None:
         return special(*args, **kwargs)
+    return _record(func, args, kwargs)
+
+
+def _record(func, args, kwargs):
+    """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
     template, tensors, signature = _split(func, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
@@ -348,16 +357,16 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     if device is not None and torch.device(device).type != "lazy":
         host = to_host(x, trigger="cpu")
         return host.to(device=device, dtype=dtype or host.dtype)
-    return _dispatch(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
+    return _record(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
 
 
 def _copy(dst, src, non_blocking=False):
     if not isinstance(src, LazyTensor):
         return from_host(src.to(dtype=dst.dtype).expand(dst.shape))
     if src.dtype != dst.dtype:
-        src = _dispatch(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+        src = _record(aten._to_copy.default, (src,), {"dtype": dst.dtype})
     if tuple(src.shape) != tuple(dst.shape):
-        src = _dispatch(aten.expand_copy.default, (src, list(dst.shape)), {})
+        src = _record(aten.expand_copy.default, (src, list(dst.shape)), {})
     return _alias(src)
 
 

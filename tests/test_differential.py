@@ -1,0 +1,97 @@
+"""The same programs eagerly and through xlakit: values, dtypes and shapes agree."""
+import copy
+
+import pytest
+import torch
+
+import xlakit
+from conftest import assert_same
+
+CASES = {
+    "elementwise": lambda a, b: (a * b + a.exp() - b.sin() / 3, (a > b), a.clamp(-0.5, 0.5)),
+    "matmul": lambda a, b: (a @ b.T, torch.mm(a, b.T).relu()),
+    "reductions": lambda a, b: (a.sum(), a.mean(dim=1), b.amax(dim=0), a.argmax(dim=1), a.std()),
+    "broadcasting": lambda a, b: (a + b[0], a * b[:, :1], a - 2.5),
+    "indexing": lambda a, b: (a[1], a[:, 1:3], a[a > 0], a[torch.tensor([0, 2])]),
+    "int_dtypes": lambda a, b: ((a * 10).long() // 3, (a * 10).int() + 1, torch.arange(5) * 2),
+    "cat_stack": lambda a, b: (torch.cat([a, b]), torch.stack([a, b]).transpose(0, 2)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_functions_match_eager(dev, name):
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    eager = CASES[name](a, b)
+    lazy = CASES[name](a.to(dev), b.to(dev))
+    for got, want in zip(lazy, eager):
+        assert_same(got, want.to(got.device).cpu() if False else want, rtol=1e-5, atol=1e-5)
+
+
+def _inplace_program(x, y, sync):
+    x.add_(y)
+    sync(x)
+    x.mul_(2).sub_(y, alpha=0.5)
+    v = x[1]
+    v.fill_(7.0)          # in-place on a view updates the base
+    sync(v)
+    x[:, 0] = -1.0        # index_put through a view
+    y.zero_()
+    return x, y, v
+
+
+@pytest.mark.parametrize("sync", ["none", "partial", "step"])
+def test_inplace_ops_and_views_with_syncs_at_awkward_moments(dev, sync):
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    eager = _inplace_program(x.clone(), y.clone(), lambda t: None)
+    sync_fn = {"none": lambda t: None, "partial": lambda t: xlakit.sync([t]),
+               "step": lambda t: xlakit.mark_step()}[sync]
+    lazy = _inplace_program(x.to(dev), y.to(dev), sync_fn)
+    xlakit.mark_step()
+    for got, want in zip(lazy, eager):
+        assert_same(got, want)
+
+
+def test_mlp_forward_backward_and_sgd_step_match_eager(dev):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    lazy_model = copy.deepcopy(model).to(dev)
+    x, target = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    xd, td = x.to(dev), target.to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    lazy_opt = torch.optim.SGD(lazy_model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        for o in (opt, lazy_opt):
+            o.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), target)
+        loss.backward()
+        opt.step()
+        lazy_loss = torch.nn.functional.cross_entropy(lazy_model(xd), td)
+        lazy_loss.backward()
+        for p, q in zip(lazy_model.parameters(), model.parameters()):
+            assert_same(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+        lazy_opt.step()
+        xlakit.mark_step()
+        assert_same(lazy_loss, loss.detach(), rtol=1e-5, atol=1e-6)
+    for p, q in zip(lazy_model.parameters(), model.parameters()):
+        assert_same(p, q.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_item_print_and_data_dependent_branch(dev, capsys):
+    t = torch.tensor([1.5, -2.0, 3.0], device=dev)
+    assert t.sum().item() == pytest.approx(2.5)
+    assert xlakit.last_step().trigger == "item"
+    branch = "pos" if t.sum() > 0 else "neg"
+    assert branch == "pos"
+    print(t * 2)
+    assert "tensor([ 3., -4.,  6.], device='lazy:0')" in capsys.readouterr().out
+
+
+def test_python_scalar_dtypes_follow_torch(dev):
+    i = torch.tensor([1, 2, 3], device=dev)
+    f = torch.tensor([1.0, 2.0], device=dev, dtype=torch.float64)
+    assert_same(i * 2.5, torch.tensor([1, 2, 3]) * 2.5)
+    assert_same(i + 1, torch.tensor([2, 3, 4]))
+    assert_same(f * 0.1, torch.tensor([1.0, 2.0], dtype=torch.float64) * 0.1)
+    assert_same((i > 1.5), torch.tensor([False, True, True]))
