@@ -100,12 +100,18 @@ _LIBRARY_DIRS = tuple(
 )
 
 
+_IS_LIBRARY: dict[str, bool] = {}
+
+
 def user_source() -> Source | None:
     """The innermost frame outside torch, torchax, xlakit and the stdlib's contextlib."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(_LIBRARY_DIRS) and filename != "<string>":
+        library = _IS_LIBRARY.get(filename)
+        if library is None:
+            library = _IS_LIBRARY[filename] = filename.startswith(_LIBRARY_DIRS) or filename == "<string>"
+        if not library:
             return Source(filename, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
     return None
@@ -127,13 +133,29 @@ _LIFTED = ("lifted-scalar",)
 _SCALAR_CACHE: dict[tuple, DeviceData] = {}
 
 
-def _scalar_positions(op) -> frozenset[str]:
-    if op._overloadpacket.__name__ not in _LIFT_SCALARS:
-        return frozenset()
-    return frozenset(a.name for a in op._schema.arguments if str(a.type) in ("number", "Optional[number]"))
+_OP_INFO: dict = {}
 
 
-_SCALAR_ARGS: dict = {}
+class _OpInfo:
+    """What the frontend needs to know about one aten op, computed once."""
+
+    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable")
+
+    def __init__(self, op):
+        lift = op._overloadpacket.__name__ in _LIFT_SCALARS
+        scalar = [lift and str(a.type) in ("number", "Optional[number]") for a in op._schema.arguments]
+        # which positional / keyword arguments enter the graph as 0-d inputs
+        self.scalar_args = tuple(scalar)
+        self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
+        self.lowerable = lowering.has_lowering(op) and not _is_random(op)
+
+
+def _op_info(op) -> _OpInfo:
+    # Keyed by id: ops are process-wide singletons and OpOverload.__hash__ is Python code.
+    info = _OP_INFO.get(id(op))
+    if info is None:
+        info = _OP_INFO[id(op)] = _OpInfo(op)
+    return info
 
 
 def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
@@ -156,15 +178,19 @@ def _split(func, args, kwargs):
     the memo key for shape inference.
     """
     tensors: list = []
-    lift = _SCALAR_ARGS.get(func)
-    if lift is None:
-        lift = _SCALAR_ARGS[func] = _scalar_positions(func)
-    names = func._schema.arguments
-    arg_parts = [_split_one(a, tensors, bool(lift) and names[i].name in lift) for i, a in enumerate(args)]
-    kw_parts = [(k, _split_one(v, tensors, k in lift)) for k, v in kwargs.items()]
-    template = (tuple(p[0] for p in arg_parts), tuple((k, p[0]) for k, p in kw_parts))
-    signature = (func, tuple(p[1] for p in arg_parts), tuple((k, p[1]) for k, p in kw_parts))
-    return template, tensors, signature
+    info = _op_info(func)
+    arg_template, arg_signature = [], []
+    for value, lifted in zip(args, info.scalar_args):
+        t, sig = _split_one(value, tensors, lifted)
+        arg_template.append(t)
+        arg_signature.append(sig)
+    kw_template, kw_signature = [], []
+    for name, value in kwargs.items():
+        t, sig = _split_one(value, tensors, name in info.scalar_kwargs)
+        kw_template.append((name, t))
+        kw_signature.append((name, sig))
+    template = (tuple(arg_template), tuple(kw_template))
+    return template, tensors, (id(func), tuple(arg_signature), tuple(kw_signature))
 
 
 # Module-level, not nested: a recursive closure forms a reference cycle that
@@ -248,7 +274,7 @@ def _operand(value, func, source):
 
 
 def _dispatch(func, args, kwargs):
-    special = _SPECIAL.get(func)
+    special = _SPECIAL.get(id(func))
     if special is not None:
         return special(*args, **kwargs)
     return _record(func, args, kwargs)
@@ -264,7 +290,7 @@ def _record(func, args, kwargs):
     except Exception as e:
         source = user_source()
         raise type(e)(f"{func}: {e}" + (f" (at {source})" if source else "")) from e
-    if not _lowerable(func):
+    if not _op_info(func).lowerable:
         return run_eagerly(func, args, kwargs, reason="no XLA lowering")
     source = user_source()
     float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
@@ -276,16 +302,6 @@ def _record(func, args, kwargs):
     node = Node(func, operands, template, avals, source, node_signature)
     outputs = [new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
-
-
-_LOWERABLE: dict = {}
-
-
-def _lowerable(func) -> bool:
-    known = _LOWERABLE.get(func)
-    if known is None:
-        known = _LOWERABLE[func] = lowering.has_lowering(func) and not _is_random(func)
-    return known
 
 
 def _is_random(func) -> bool:
@@ -379,7 +395,7 @@ def _local_scalar_dense(x):
     return to_host(x, trigger="item").item()
 
 
-_SPECIAL = {
+_SPECIAL = {id(op): handler for op, handler in {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
     aten.detach.default: _alias,
@@ -389,7 +405,7 @@ _SPECIAL = {
     aten.lift_fresh.default: _alias,
     aten.clone.default: _alias,
     aten._local_scalar_dense.default: _local_scalar_dense,
-}
+}.items()}
 
 
 # -- the Lazy dispatch key: factories and copies from the host -------------------

@@ -107,14 +107,14 @@ class Graph:
 
     nodes are in topological order; params are the device buffers it reads, in
     first-use order; roots are the (node position, output index) it returns.
-    wiring holds, per node, where each operand comes from: ("p", param index)
-    or ("n", node position, output index).
+    wiring holds, per node, where each operand comes from: an int is a param
+    index, a pair is (node position, output index).
     """
 
     nodes: list[Node]
     params: list[DeviceData]
     roots: list[tuple[int, int]]
-    wiring: list[tuple[tuple, ...]]
+    wiring: list[tuple]
 
     @property
     def param_avals(self) -> list[Aval]:
@@ -125,56 +125,55 @@ class Graph:
         return [self.nodes[n].avals[i] for n, i in self.roots]
 
 
+def _computed(node: Node, index: int) -> DeviceData | None:
+    results = node.results
+    return None if results is None else results[index]
+
+
 def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
-    """Walk back from the roots; stop at device data and at computed outputs."""
-    node_pos: dict[int, int] = {}
-    param_pos: dict[int, int] = {}
+    """Walk back from the roots; stop at device data and at computed outputs.
+
+    Iterative, not recursive: graphs of thousands of nodes must not hit
+    Python's recursion limit. This runs at every sync, so it is kept tight.
+    """
+    node_pos: dict[Node, int] = {}
+    param_pos: dict[DeviceData, int] = {}
     nodes: list[Node] = []
     params: list[DeviceData] = []
-    wiring: list[tuple[tuple, ...]] = []
-
-    def operand_ref(operand) -> tuple | None:
-        if isinstance(operand, DeviceData):
-            return _param_ref(operand)
-        node, index = operand
-        if node.results is not None and node.results[index] is not None:
-            return _param_ref(node.results[index])
-        pos = node_pos.get(id(node))
-        return None if pos is None else ("n", pos, index)
-
-    def _param_ref(data: DeviceData) -> tuple:
-        pos = param_pos.get(id(data))
-        if pos is None:
-            pos = param_pos[id(data)] = len(params)
-            params.append(data)
-        return ("p", pos)
-
-    # Iterative post-order walk: graphs of thousands of nodes must not hit
-    # Python's recursion limit.
+    wiring: list[tuple] = []
     for root, _ in root_values:
-        if id(root) in node_pos:
-            continue
-        stack = [(root, False)]
+        stack = [root]
         while stack:
-            node, expanded = stack.pop()
-            if id(node) in node_pos:
+            node = stack[-1]
+            if node in node_pos:
+                stack.pop()
                 continue
-            if not expanded:
-                stack.append((node, True))
-                for operand in reversed(node.operands):
-                    if isinstance(operand, DeviceData):
-                        continue
-                    producer, index = operand
-                    if producer.results is not None and producer.results[index] is not None:
-                        continue
-                    if id(producer) not in node_pos:
-                        stack.append((producer, False))
+            waiting = False
+            for operand in node.operands:
+                if operand.__class__ is tuple and operand[0] not in node_pos \
+                        and _computed(*operand) is None:
+                    stack.append(operand[0])
+                    waiting = True
+            if waiting:
                 continue
-            wiring.append(tuple(operand_ref(o) for o in node.operands))
-            node_pos[id(node)] = len(nodes)
+            stack.pop()
+            wires = []
+            for operand in node.operands:
+                if operand.__class__ is tuple:
+                    data = _computed(*operand)
+                    if data is None:
+                        wires.append((node_pos[operand[0]], operand[1]))
+                        continue
+                    operand = data
+                pos = param_pos.get(operand)
+                if pos is None:
+                    pos = param_pos[operand] = len(params)
+                    params.append(operand)
+                wires.append(pos)
+            node_pos[node] = len(nodes)
             nodes.append(node)
-
-    roots = [(node_pos[id(node)], index) for node, index in root_values]
+            wiring.append(tuple(wires))
+    roots = [(node_pos[node], index) for node, index in root_values]
     return Graph(nodes=nodes, params=params, roots=roots, wiring=wiring)
 
 

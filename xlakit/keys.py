@@ -6,7 +6,9 @@ the key, never inside it (pytorch/xla #8538).
 from __future__ import annotations
 
 import dataclasses
+import marshal
 import os
+import platform
 import re
 from functools import lru_cache
 
@@ -26,13 +28,12 @@ class Key:
 
 
 def graph_bytes(graph: Graph) -> bytes:
-    """Canonical structure: per node its signature and where each operand comes from."""
-    parts = []
-    for node, wires in zip(graph.nodes, graph.wiring):
-        parts.append(node.signature)
-        parts.append(repr(wires).encode())
-    parts.append(b"roots" + repr(graph.roots).encode())
-    return b"\x00".join(parts)
+    """Canonical structure: per node its signature and where each operand comes from.
+
+    marshal format 2 serializes bytes, ints and tuples deterministically and
+    without back-references (which would depend on object identity).
+    """
+    return marshal.dumps(([n.signature for n in graph.nodes], graph.wiring, graph.roots), 2)
 
 
 def metadata_bytes(graph: Graph) -> bytes:
@@ -74,6 +75,7 @@ def backend_description() -> dict[str, str]:
 
     device = jax.devices()[0]
     return {
+        "python": platform.python_version(),
         "platform": device.platform, "device_kind": device.device_kind,
         "jax": jax.__version__, "jaxlib": jaxlib.__version__,
         "torchax": torchax.__version__, "torch": torch.__version__, "xlakit": __version__,

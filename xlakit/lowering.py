@@ -81,7 +81,7 @@ def _replay(graph: Graph, *arrays):
     params = [wrap(a) for a in arrays]
     outputs: list[list] = []
     for node, wires in zip(graph.nodes, graph.wiring):
-        operands = [params[w[1]] if w[0] == "p" else outputs[w[1]][w[2]] for w in wires]
+        operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
         args, kwargs = fill(node.template, operands)
         try:
             result = env.dispatch(node.op, (), args, kwargs)

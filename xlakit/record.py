@@ -16,7 +16,7 @@ class DonatedBuffer:
 @dataclasses.dataclass(frozen=True)
 class NodeInfo:
     op: str
-    operands: tuple[tuple, ...]   # ("p", param) or ("n", node, output)
+    operands: tuple              # per operand: an int param index, or (node, output)
     avals: tuple[str, ...]
     source: str | None
 
