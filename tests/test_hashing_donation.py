@@ -1,4 +1,5 @@
 """The four defects of torch_xla's design, shown absent in xlakit (DESIGN.md)."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -90,16 +91,41 @@ PERSISTENT_PROGRAM = textwrap.dedent("""
 """)
 
 
+def _run_program(cache_dir: str, hash_seed: str) -> list[str]:
+    env = {**os.environ, "XLAKIT_CACHE_DIR": cache_dir, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run([sys.executable, "-c", PERSISTENT_PROGRAM], env=env, capture_output=True,
+                          text=True, check=True)
+    return done.stdout.split()
+
+
 def test_persistent_cache_hits_in_a_new_process(tmp_path):
-    env = {**__import__("os").environ, "XLAKIT_CACHE_DIR": str(tmp_path / "cache")}
-    runs = [
-        subprocess.run([sys.executable, "-c", PERSISTENT_PROGRAM], env=env, capture_output=True,
-                       text=True, check=True).stdout.split()
-        for _ in range(2)
-    ]
-    assert runs[0][0] == "miss" and runs[1][0] == "persistent_hit"
-    assert runs[0][1] == runs[1][1], "keys must be stable across processes"
-    assert runs[0][2] == runs[1][2]
+    cache_dir = tmp_path / "cache"
+    first, second = _run_program(str(cache_dir), "1"), _run_program(str(cache_dir), "2")
+    assert first[0] == "miss" and second[0] == "persistent_hit"
+    assert first[1] == second[1], "keys must be stable across processes and hash seeds"
+    assert first[2] == second[2]
+    assert (cache_dir.stat().st_mode & 0o777) == 0o700
+
+
+def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):
+    runs = [_run_program("", "0") for _ in range(2)]
+    assert [r[0] for r in runs] == ["miss", "miss"]
+
+
+def test_repeated_step_runs_no_shape_inference(dev):
+    from xlakit import frontend
+
+    def step(w, g):
+        w.mul_(0.9).add_(g.tanh(), alpha=-0.1)
+        xlakit.mark_step()
+
+    w, g = torch.ones(4, 4, device=dev), torch.ones(4, 4, device=dev)
+    xlakit.mark_step()
+    step(w, g)
+    memo_size = len(frontend._SHAPES)
+    step(w, g)
+    assert len(frontend._SHAPES) == memo_size
+    assert xlakit.last_step().cache == "hit"
 
 
 def test_changing_learning_rate_does_not_recompile(dev):

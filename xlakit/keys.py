@@ -38,9 +38,8 @@ def graph_bytes(graph: Graph) -> bytes:
 
 def metadata_bytes(graph: Graph) -> bytes:
     """Source lines of the nodes and labels of the inputs: shown, never in the key."""
-    sources = "\n".join(str(n.source) for n in graph.nodes)
-    labels = "\n".join(str(p.label) for p in graph.params)
-    return f"{sources}\n--\n{labels}".encode()
+    sources = [(s.file, s.line, s.function) if (s := n.source) else None for n in graph.nodes]
+    return marshal.dumps((sources, [p.label for p in graph.params]), 2)
 
 
 def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str]) -> Key:
