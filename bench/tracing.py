@@ -47,6 +47,32 @@ def measure(device, step, wait):
     return statistics.median(traces), statistics.median(syncs)
 
 
+class _NoOp(torch.Tensor):
+    """The least any Python __torch_dispatch__ design pays per op: dispatch
+    into Python and make one output tensor, under functionalization."""
+
+    @staticmethod
+    def __new__(cls):
+        return torch.Tensor._make_wrapper_subclass(cls, (128,), dtype=torch.float32,
+                                                   device=torch.device("lazy", 0))
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _NoOp()
+
+
+def python_dispatch_floor() -> float:
+    x = torch._to_functional_tensor(_NoOp())
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        chain(x, x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 def main():
     rows = {}
     try:
@@ -67,6 +93,8 @@ def main():
     print("|---|---|---|")
     for name, (trace, sync) in rows.items():
         print(f"| {name} | {trace / N_OPS * 1e6:.1f} | {sync * 1e3:.2f} |")
+    print(f"| floor: no-op Python dispatch under functionalization | "
+          f"{python_dispatch_floor() / N_OPS * 1e6:.1f} | - |")
     if len(rows) == 2:
         (xt, xs), (kt, ks) = rows["torch_xla 2.9 (LazyTensor)"], rows["xlakit"]
         print(f"\nratio xlakit / torch_xla: trace {kt / xt:.2f}, sync {ks / xs:.2f} (target <= 1.0)")

@@ -82,6 +82,7 @@ class LiveValue:
 class Engine:
     def __init__(self):
         self.tensors: dict[int, tuple[LiveValue, torch._C._WeakTensorRef]] = {}
+        self._prune_at = 10_000
         self.cache = cache_mod.ExecutableCache(config.cache_size)
         self.cache_dir = cache_mod.enable_persistent_cache(cache_mod.default_cache_dir())
         self.persistent_hits = cache_mod.PersistentHits()
@@ -94,6 +95,9 @@ class Engine:
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
         self.tensors[tensor._cdata] = (value, torch._C._WeakTensorRef(tensor))
+        if len(self.tensors) > self._prune_at:  # long traces without a sync
+            live = len(self.live_values())
+            self._prune_at = max(2 * live, 10_000)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
         return self.tensors[tensor._cdata][0]
