@@ -1,0 +1,73 @@
+"""Views and in-place ops: every mutation on a base or a view, then read both, as eager does."""
+import pytest
+import torch
+
+import xlakit
+from conftest import assert_same
+
+# (name, make view from base, mutate) — the mutation runs on the view or on the base.
+VIEWS = {
+    "slice": lambda b: b[1:3],
+    "select": lambda b: b[2],
+    "view": lambda b: b.view(2, 12)[1],
+    "reshape": lambda b: b.reshape(24)[5:9],
+    "transpose": lambda b: b.transpose(0, 1),
+    "permute": lambda b: b.permute(1, 0)[::2],
+    "unsqueeze": lambda b: b.unsqueeze(0)[0, :2],
+    "narrow": lambda b: b.narrow(1, 1, 3),
+    "diagonal": lambda b: b.diagonal(),
+    "as_strided": lambda b: b.as_strided((2, 2), (6, 1), 1),
+}
+MUTATIONS = {
+    "add_": lambda t: t.add_(1.5),
+    "mul_": lambda t: t.mul_(-2),
+    "copy_": lambda t: t.copy_(torch.full_like(t, 3.0)),
+    "zero_": lambda t: t.zero_(),
+    "fill_": lambda t: t.fill_(7.0),
+    "masked_fill_": lambda t: t.masked_fill_(t > 0, -1.0),
+    "index_put_": lambda t: t.index_put_((torch.tensor([0]),), torch.tensor(9.0)),
+    "clamp_": lambda t: t.clamp_(-0.5, 0.5),
+    "setitem": lambda t: t.__setitem__(0, 4.0),
+}
+SYNCS = {
+    "none": lambda ts: None,
+    "partial": lambda ts: xlakit.sync(list(ts)),
+    "step": lambda ts: xlakit.mark_step(),
+}
+
+
+def run(base, view_fn, mutate, on_view, sync):
+    view = view_fn(base)
+    other = base[0]                       # a second view that must see the change
+    sync((base, view))
+    mutate(view if on_view else base)
+    sync((view,))
+    return base, view, other
+
+
+@pytest.mark.parametrize("sync", sorted(SYNCS))
+@pytest.mark.parametrize("on_view", [True, False], ids=["on_view", "on_base"])
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+@pytest.mark.parametrize("view", sorted(VIEWS))
+def test_mutation_through_views_matches_eager(dev, view, mutation, on_view, sync):
+    torch.manual_seed(0)
+    base = torch.randn(4, 6)
+    eager = run(base.clone(), VIEWS[view], MUTATIONS[mutation], on_view, SYNCS["none"])
+    lazy = run(base.to(dev), VIEWS[view], MUTATIONS[mutation], on_view, SYNCS[sync])
+    for got, want in zip(lazy, eager):
+        assert_same(got, want)
+    xlakit.mark_step()
+    for got, want in zip(lazy, eager):
+        assert_same(got, want)
+
+
+def test_a_buffer_read_by_a_live_view_is_never_donated(dev):
+    base = torch.arange(6.0).to(dev)
+    view = base[2:4]
+    xlakit.mark_step()
+    base.mul_(10)           # the view aliases the base: it must show the new values
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    assert all(d.shape != (6,) or d.label is None for d in record.donated)
+    assert view.cpu().tolist() == [20.0, 30.0]
+    assert base.cpu().tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
