@@ -14,6 +14,7 @@ import time
 import warnings
 
 import torch
+import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from . import lowering, transfer
@@ -136,18 +137,61 @@ _SCALAR_CACHE: dict[tuple, DeviceData] = {}
 _OP_INFO: dict = {}
 
 
+def _functional_of_inplace(op):
+    """`add_.Tensor` -> `add.Tensor`; None for ops that mutate nothing."""
+    schema = op._schema
+    if not schema.arguments or not (schema.arguments[0].alias_info and schema.arguments[0].alias_info.is_write):
+        return None
+    name = op._overloadpacket.__name__
+    if not name.endswith("_") or name.startswith("_foreach"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    if packet is None or op._overloadname not in packet.overloads():
+        return None
+    return getattr(packet, op._overloadname)
+
+
+# `_foreach_add.List` -> `add.Tensor`: how foreach overload names map to the per-tensor op's.
+_FOREACH_OVERLOADS = {"List": ("Tensor", "default"), "ScalarList": ("Scalar", "default", "Tensor"),
+                      "Scalar": ("Scalar", "default", "Tensor"), "Tensor": ("Tensor", "default"),
+                      "default": ("default",)}
+
+
+def _per_tensor_of_foreach(op):
+    """(per-tensor op, positions of list arguments) for a functional `_foreach_*` op."""
+    name = op._overloadpacket.__name__
+    if not name.startswith("_foreach_") or name.endswith("_"):
+        return None
+    packet = getattr(aten, name.removeprefix("_foreach_"), None)
+    if packet is None:
+        return None
+    for overload in _FOREACH_OVERLOADS.get(op._overloadname, (op._overloadname,)):
+        if overload in packet.overloads():
+            positions = tuple(i for i, a in enumerate(op._schema.arguments)
+                              if a.type.kind() == "ListType")
+            return getattr(packet, overload), positions
+    return None
+
+
 class _OpInfo:
     """What the frontend needs to know about one aten op, computed once."""
 
-    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable")
+    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach")
 
     def __init__(self, op):
         lift = op._overloadpacket.__name__ in _LIFT_SCALARS
-        scalar = [lift and str(a.type) in ("number", "Optional[number]") for a in op._schema.arguments]
-        # which positional / keyword arguments enter the graph as 0-d inputs
+        # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
+        # arguments of arithmetic ops, and Python floats where a Tensor is expected
+        # (PyTorch's decompositions pass them so; torch treats them as 0-d tensors)
+        scalar = [(lift and str(a.type) in ("number", "Optional[number]")) or str(a.type) == "Tensor"
+                  for a in op._schema.arguments]
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
         self.lowerable = lowering.has_lowering(op) and not _is_random(op)
+        self.decomposition = (torch._decomp.decomposition_table[op]
+                              if op.name() in lowering.DECOMPOSED else None)
+        self.functional = _functional_of_inplace(op)
+        self.foreach = _per_tensor_of_foreach(op)
 
 
 def _op_info(op) -> _OpInfo:
@@ -232,9 +276,10 @@ def _infer(func, template, tensors, signature):
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
         raise _NeedsEager("output shape depends on the data") from e
     outputs = out if isinstance(out, (tuple, list)) else (out,)
-    if not all(isinstance(o, torch.Tensor) for o in outputs):
+    if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
         raise _NeedsEager("returns Python values, not tensors")
-    avals = tuple(Aval(tuple(o.shape), o.dtype) for o in outputs)
+    # None: an output the op was asked not to compute (e.g. a backward's output_mask)
+    avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
     structure = type(out) if isinstance(out, (tuple, list)) else None
     node_signature = repr((str(func), template, avals)).encode()
     result = _SHAPES[signature] = (avals, structure, node_signature)
@@ -277,11 +322,51 @@ def _dispatch(func, args, kwargs):
     special = _SPECIAL.get(id(func))
     if special is not None:
         return special(*args, **kwargs)
+    info = _op_info(func)
+    if info.functional is not None:
+        return _mutate(func, info.functional, args, kwargs)
+    if info.foreach is not None:
+        return _foreach(info.foreach, args, kwargs)
     return _record(func, args, kwargs)
+
+
+def _foreach(list_args, args, kwargs):
+    """A `_foreach_*` op (optimizers' foreach paths) is its per-tensor op, once
+    per list element: XLA fuses them in the step's graph anyway."""
+    per_tensor, positions = list_args
+    params = per_tensor._schema.arguments
+    count = len(args[positions[0]])
+    results = []
+    for i in range(count):
+        # the i-th foreach argument is the i-th per-tensor argument, which may be keyword-only
+        args_i, kwargs_i = [], dict(kwargs)
+        for p, a in enumerate(args):
+            value = a[i] if p in positions and a is not None else a
+            if params[p].kwarg_only:
+                kwargs_i[params[p].name] = value
+            else:
+                args_i.append(value)
+        results.append(_dispatch(per_tensor, args_i, kwargs_i))
+    return results
+
+
+def _mutate(func, functional, args, kwargs):
+    """An in-place op below functionalization (PyTorch decompositions write
+    running statistics with copy_): compute the functional op, rebind self."""
+    self = args[0]
+    if functional is aten.copy.default:
+        value = _copy(*args, **kwargs)
+    else:
+        value = _dispatch(functional, args, kwargs)
+    ENGINE.register(self, value._state)
+    return self
 
 
 def _record(func, args, kwargs):
     """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
+    decomposition = _op_info(func).decomposition
+    if decomposition is not None:
+        return decomposition(*args, **kwargs)
     template, tensors, signature = _split(func, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
@@ -300,15 +385,20 @@ def _record(func, args, kwargs):
         for t in tensors
     )
     node = Node(func, operands, template, avals, source, node_signature)
-    outputs = [new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+    outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
+
+
+# Random ops that read only the shape and dtype of their tensor input: their
+# eager fallback needs no sync of that input.
+_SHAPE_ONLY_RANDOM = frozenset({"rand_like", "randn_like", "randint_like"})
 
 
 def _is_random(func) -> bool:
     # torchax draws random numbers from a key fixed at trace time, so a cached
     # executable would repeat them: random ops run eagerly, seeded by torch.
     return any(str(a.type) == "Generator?" for a in func._schema.arguments) or (
-        func._overloadpacket.__name__ in ("native_dropout", "rand_like", "randn_like", "randint_like")
+        func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
     )
 
 
@@ -329,6 +419,8 @@ def run_eagerly(func, args, kwargs, *, reason: str):
         _WARNED.add(func)
         warnings.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.",
                       stacklevel=2)
+    if func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM:
+        args = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     ENGINE.sync([t._state for t in lazy], trigger="fallback", source=f"{func}{where}")
 

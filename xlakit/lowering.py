@@ -53,7 +53,58 @@ def _env() -> torchax.tensor.Environment:
     return torchax.default_env()
 
 
+# torchax's lowerings of these are missing, wrong or reject traced scalars
+# (measured: batch norm updates running_var with the biased variance;
+# native_layer_norm_backward has the wrong arity; addcmul/addcdiv need Python
+# numbers). The frontend replaces them, at record time, by PyTorch's own
+# decompositions into simpler aten ops.
+DECOMPOSED = frozenset({
+    "aten::addcmul", "aten::addcdiv", "aten::native_layer_norm_backward",
+    "aten::native_batch_norm", "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
+    "aten::native_batch_norm_backward", "aten::native_dropout",
+})
+
+
+def _convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, dilation,
+                          transposed, output_padding, groups, output_mask):
+    """torchax has no convolution_backward: differentiate its forward lowering with JAX."""
+    env = _env()
+
+    def forward(x, w):
+        args = (torchax.tensor.Tensor(x, env), torchax.tensor.Tensor(w, env), None, stride, padding,
+                dilation, transposed, output_padding, groups)
+        return env.dispatch(torch.ops.aten.convolution.default, (), args, {}).jax()
+
+    _, vjp = jax.vjp(forward, input, weight)
+    grad_input, grad_weight = vjp(grad_out)
+    grad_bias = grad_out.sum(axis=[d for d in range(grad_out.ndim) if d != 1])
+    return tuple(g if wanted else None
+                 for g, wanted in zip((grad_input, grad_weight, grad_bias), output_mask))
+
+
+def _max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padding, dilation,
+                                      ceil_mode, indices):
+    """Scatter-add each gradient to the input position torch recorded in `indices`
+    (torchax's lowering of this op gives wrong gradients)."""
+    spatial = input.shape[-2] * input.shape[-1]
+    planes = grad_out.reshape(-1, grad_out.shape[-2] * grad_out.shape[-1])
+    flat_idx = indices.reshape(planes.shape)
+    rows = jnp.arange(planes.shape[0])[:, None]
+    grad = jnp.zeros((planes.shape[0], spatial), grad_out.dtype).at[rows, flat_idx].add(planes)
+    return grad.reshape(input.shape)
+
+
+# Lowerings xlakit writes itself, on jax arrays, where torchax has none or a wrong one.
+OWN_LOWERINGS = {
+    "aten::convolution_backward": _convolution_backward,
+    "aten::max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
+}
+
+
 def has_lowering(op) -> bool:
+    if op.name() in OWN_LOWERINGS:
+        return True
     if op.name() in KNOWN_WRONG:
         return False
     try:
@@ -83,15 +134,20 @@ def _replay(graph: Graph, *arrays):
     for node, wires in zip(graph.nodes, graph.wiring):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
         args, kwargs = fill(node.template, operands)
+        own = OWN_LOWERINGS.get(node.op.name())
         try:
-            result = env.dispatch(node.op, (), args, kwargs)
+            if own is not None:
+                args, kwargs = env.t2j_iso((args, kwargs))
+                result = own(*args, **kwargs)
+            else:
+                result = env.dispatch(node.op, (), args, kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
             raise NodeLoweringError(node, e) from e
         results = result if isinstance(result, (tuple, list)) else (result,)
         # torchax may return JAX's dtypes (int32 indices, promoted scalars):
         # cast to the dtype torch's own meta kernel says the op returns.
         outputs.append([
-            wrap(_as_jax(r).astype(jax_dtype(aval.dtype))) if r is not None else None
+            wrap(_as_jax(r).astype(jax_dtype(aval.dtype))) if aval is not None else None
             for r, aval in zip(results, node.avals)
         ])
     return tuple(outputs[n][i].jax() for n, i in graph.roots)

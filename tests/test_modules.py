@@ -1,0 +1,172 @@
+"""Real PyTorch programs on the lazy engine, compared with eager torch."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import xlakit
+from conftest import assert_same
+
+TOL = dict(rtol=2e-4, atol=2e-5)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def cnn():
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(), nn.Linear(8, 4),
+    )
+
+
+MODELS = {"mlp": (mlp, (16, 8)), "cnn": (cnn, (4, 3, 12, 12))}
+OPTIMIZERS = {
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1),
+    "adam_foreach": lambda ps: torch.optim.Adam(ps, lr=1e-2, foreach=True),
+}
+
+
+def train(model, opt, x, y, steps, sync):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sync()
+        losses.append(loss.detach())
+    return losses
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_training_matches_eager(dev, model_name, opt_name):
+    make, shape = MODELS[model_name]
+    torch.manual_seed(0)
+    model = make()
+    lazy_model = copy.deepcopy(model).to(dev)
+    x, y = torch.randn(*shape), torch.randint(0, 4, (shape[0],))
+    eager_losses = train(model, OPTIMIZERS[opt_name](model.parameters()), x, y, 5, lambda: None)
+    records = []
+
+    def step():
+        xlakit.mark_step()
+        records.append(xlakit.last_step())
+
+    lazy_losses = train(lazy_model, OPTIMIZERS[opt_name](lazy_model.parameters()), x.to(dev), y.to(dev), 5, step)
+    for got, want in zip(lazy_losses, eager_losses):
+        assert_same(got, want, **TOL)
+    for (name, p), q in zip(lazy_model.state_dict().items(), model.state_dict().values()):
+        assert_same(p, q, **TOL)
+    n_params = len(list(model.parameters()))
+    n_state = sum(len(s) for s in OPTIMIZERS[opt_name](model.parameters()).state.values())
+    for r in records[1:]:
+        # every parameter and every optimizer-state tensor on the device is donated
+        assert len(r.donated) >= n_params, r
+    assert all(r.cache == "hit" for r in records[2:]), [r.cache for r in records]
+    del n_state
+
+
+def test_donation_entries_name_module_parameters(dev):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4).to(dev)
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).sum().backward()
+        opt.step()
+        xlakit.mark_step()
+    labels = sorted(d.label for d in xlakit.last_step().donated)
+    assert labels == ["0.bias", "0.weight", "2.bias", "2.weight"]
+
+
+def test_transformer_encoder_forward_backward_matches_eager(dev):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0,
+                                       batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    lazy_model = copy.deepcopy(model).to(dev)
+    x = torch.randn(2, 10, 64)
+    out = model(x)
+    out.pow(2).mean().backward()
+    lazy_out = lazy_model(x.to(dev))
+    lazy_out.pow(2).mean().backward()
+    xlakit.mark_step()
+    assert_same(lazy_out, out.detach(), **TOL)
+    for (name, p), q in zip(lazy_model.named_parameters(), model.parameters()):
+        assert_same(p.grad, q.grad, rtol=1e-3, atol=1e-5)
+
+
+def test_state_dict_round_trip(dev):
+    torch.manual_seed(0)
+    model = mlp().to(dev)
+    fresh = mlp()
+    model.load_state_dict(fresh.state_dict())
+    for p, q in zip(model.state_dict().values(), fresh.state_dict().values()):
+        assert_same(p, q)
+
+
+def test_no_grad_and_zero_grad_set_to_none_false(dev):
+    torch.manual_seed(0)
+    model = mlp()
+    lazy = copy.deepcopy(model).to(dev)
+    x = torch.randn(4, 8)
+    for m, xi in ((model, x), (lazy, x.to(dev))):
+        m(xi).sum().backward()
+        m.zero_grad(set_to_none=False)
+        m(xi).sum().backward()
+        m(xi).sum().backward()           # .grad accumulates
+        with torch.no_grad():
+            for p in m.parameters():
+                p.sub_(0.1 * p.grad)
+    for p, q in zip(lazy.parameters(), model.parameters()):
+        assert_same(p.grad, q.grad, **TOL)
+        assert_same(p, q.detach(), **TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16,
+                                   torch.int32, torch.int64, torch.bool])
+def test_dtypes_and_promotion(dev, dtype):
+    torch.manual_seed(0)
+    a = (torch.randn(5) * 4).to(dtype)
+    b = torch.arange(5, dtype=torch.int64)
+    c = torch.ones(5, dtype=torch.float32)
+    programs = [
+        lambda a, b, c: a + b, lambda a, b, c: a * c, lambda a, b, c: a.to(torch.float64) / 3,
+        lambda a, b, c: (a == a), lambda a, b, c: a.sum(), lambda a, b, c: torch.where(a > 0, a, b),
+    ]
+    for program in programs:
+        want = program(a, b, c)
+        got = program(a.to(dev), b.to(dev), c.to(dev))
+        assert_same(got, want, rtol=1e-2, atol=1e-2)
+
+
+def test_random_ops_are_seeded_and_have_the_right_statistics(dev):
+    torch.manual_seed(123)
+    a = torch.rand(20000, device=dev)
+    d = nn.functional.dropout(torch.ones(20000, device=dev), p=0.25)
+    torch.manual_seed(123)
+    b = torch.rand(20000, device=dev)
+    assert torch.equal(a.cpu(), b.cpu())
+    assert abs(a.mean().item() - 0.5) < 0.02
+    kept = (d.cpu() != 0).float().mean().item()
+    assert abs(kept - 0.75) < 0.02
+    assert torch.allclose(d.cpu()[d.cpu() != 0], torch.tensor(1 / 0.75))
+    n = torch.randn(20000, device=dev)
+    assert abs(n.mean().item()) < 0.05 and abs(n.std().item() - 1) < 0.05
+
+
+def test_op_without_lowering_falls_back_and_is_recorded(dev):
+    x = torch.tensor([3.0, 1.0, 2.0], device=dev) * 2
+    with pytest.warns(UserWarning, match="runs eagerly on CPU"):
+        idx = torch.nonzero(x > 3)
+    assert idx.cpu().tolist() == [[0], [2]]
+    fallback = [r for r in xlakit.steps() if r.trigger == "fallback"]
+    assert fallback and "aten.nonzero" in fallback[-1].source and "test_modules.py" in fallback[-1].source
