@@ -7,7 +7,8 @@ import torchax  # noqa: F401  - imported first: it names torch's privateuse1 bac
 
 from .api import device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
 from .config import config
+from .labels import label
 from .record import StepRecord
 
 __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
-           "reset_metrics", "config", "StepRecord"]
+           "reset_metrics", "config", "label", "StepRecord"]

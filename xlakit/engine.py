@@ -43,10 +43,11 @@ class LiveValue:
     can tell whether the tensor is alive.
     """
 
-    __slots__ = ("aval", "node", "index", "data", "error", "__weakref__")
+    __slots__ = ("aval", "node", "index", "data", "error", "label", "__weakref__")
 
     def __init__(self, aval: Aval, node: Node | None, index: int, data: DeviceData | None):
         self.aval, self.node, self.index, self.data, self.error = aval, node, index, data, None
+        self.label: str | None = None
 
     def __repr__(self) -> str:
         state = "data" if self.data is not None else ("pending" if self.node is not None else "failed")
@@ -83,6 +84,8 @@ class Engine:
     def __init__(self):
         self.tensors: dict[int, tuple[LiveValue, torch._C._WeakTensorRef]] = {}
         self._prune_at = 10_000
+        # called before each step marker (the frontend stamps tensor labels)
+        self.before_step: list = []
         self.cache = cache_mod.ExecutableCache(config.cache_size)
         self.cache_dir = cache_mod.enable_persistent_cache(cache_mod.default_cache_dir())
         self.persistent_hits = cache_mod.PersistentHits()
@@ -115,6 +118,9 @@ class Engine:
         tensors; may donate); a list is a partial sync (never donates)."""
         with self.lock:
             full = tensors is None
+            if full:
+                for hook in self.before_step:
+                    hook()
             live = self.live_values()
             for t in live:
                 t.resolve()
@@ -225,10 +231,11 @@ class Engine:
         self.trace_seconds = 0.0
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
+        labels = {(id(t.node), t.index): t.label for t in targets if t.label}
         for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
             if node.results is None:
                 node.results = [None] * len(node.avals)
-            node.results[index] = DeviceData(array, aval)
+            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)))
         for t in targets:
             t.resolve()
 

@@ -1,0 +1,62 @@
+"""Names for device tensors (module parameter names, optimizer state), shown in StepRecords.
+
+A label belongs to the user's tensor, not to one buffer: in-place updates
+rebind the tensor to new values, so labels are stamped on its current value
+before every step marker.
+"""
+from __future__ import annotations
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from .engine import ENGINE
+from .frontend import DEVICE, unwrap
+
+_NAMES = WeakTensorKeyDictionary()
+_NAMED_MODULES: set[int] = set()
+
+
+def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """Name a lazy tensor in step records (donation tables, graph inputs)."""
+    if tensor.device != DEVICE:
+        raise ValueError(f"xlakit.label: {name!r} is on {tensor.device}, not on {DEVICE}")
+    _NAMES[tensor] = name
+    return tensor
+
+
+def name_of(tensor: torch.Tensor) -> str | None:
+    return _NAMES.get(tensor)
+
+
+def _stamp_labels() -> None:
+    for tensor, name in list(_NAMES.items()):
+        value = unwrap(tensor)._state
+        value.label = name
+        if value.data is not None and value.data.label is None:
+            value.data.label = name
+
+
+def _label_module(module: torch.nn.Module, args) -> None:
+    # The outermost module runs its pre-hook first, so names are relative to it.
+    if id(module) in _NAMED_MODULES:
+        return
+    _NAMED_MODULES.add(id(module))
+    for name, t in (*module.named_parameters(), *module.named_buffers()):
+        if t.device == DEVICE and t not in _NAMES:
+            _NAMES[t] = name
+
+
+def _label_optimizer_state(optimizer, args, kwargs) -> None:
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            owner = _NAMES.get(p)
+            for key, value in optimizer.state.get(p, {}).items():
+                if owner and isinstance(value, torch.Tensor) and value.device == DEVICE \
+                        and value not in _NAMES:
+                    _NAMES[value] = f"{owner}.{key}"
+
+
+ENGINE.before_step.append(_stamp_labels)
+torch.nn.modules.module.register_module_forward_pre_hook(_label_module)
+register_optimizer_step_post_hook(_label_optimizer_state)
