@@ -107,6 +107,37 @@ def test_transformer_encoder_forward_backward_matches_eager(dev):
         assert_same(p.grad, q.grad, rtol=1e-3, atol=1e-5)
 
 
+ZOO = {
+    "conv1d": (lambda: nn.Conv1d(4, 6, 3, stride=2), lambda: torch.randn(2, 4, 11)),
+    "embedding": (lambda: nn.Sequential(nn.Embedding(10, 5), nn.LayerNorm(5)),
+                  lambda: torch.randint(0, 10, (3, 7))),
+    "mha": (lambda: nn.MultiheadAttention(16, 4, batch_first=True), lambda: torch.randn(2, 5, 16)),
+    "dropout_eval": (lambda: nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5)).eval(),
+                     lambda: torch.randn(4, 6)),
+    "gelu_softmax": (lambda: nn.Sequential(nn.Linear(6, 6), nn.GELU(), nn.Softmax(-1)),
+                     lambda: torch.randn(4, 6)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_module_forward_backward_matches_eager(dev, name):
+    make, data = ZOO[name]
+    torch.manual_seed(0)
+    model, x = make(), data()
+    lazy_model = copy.deepcopy(model).to(dev)
+
+    def run(m, inp):
+        out = m(inp, inp, inp)[0] if name == "mha" else m(inp)
+        out.square().mean().backward()
+        return out
+
+    out, lazy_out = run(model, x), run(lazy_model, x.to(dev))
+    xlakit.mark_step()
+    assert_same(lazy_out, out.detach(), **TOL)
+    for p, q in zip(lazy_model.parameters(), model.parameters()):
+        assert_same(p.grad, q.grad, rtol=1e-3, atol=1e-5)
+
+
 def test_state_dict_round_trip(dev):
     torch.manual_seed(0)
     model = mlp().to(dev)

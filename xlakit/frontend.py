@@ -367,6 +367,11 @@ def _record(func, args, kwargs):
     decomposition = _op_info(func).decomposition
     if decomposition is not None:
         return decomposition(*args, **kwargs)
+    if func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM:
+        # drawn by torch's CPU generator (so torch.manual_seed holds) from the
+        # input's shape alone: nothing to sync, no graph split
+        like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
+        return from_host(func(*like, **_to_cpu(kwargs)))
     template, tensors, signature = _split(func, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
@@ -389,8 +394,7 @@ def _record(func, args, kwargs):
     return structure(outputs) if structure is not None else outputs[0]
 
 
-# Random ops that read only the shape and dtype of their tensor input: their
-# eager fallback needs no sync of that input.
+# Random ops that read only the shape and dtype of their tensor input.
 _SHAPE_ONLY_RANDOM = frozenset({"rand_like", "randn_like", "randint_like"})
 
 
@@ -419,8 +423,6 @@ def run_eagerly(func, args, kwargs, *, reason: str):
         _WARNED.add(func)
         warnings.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.",
                       stacklevel=2)
-    if func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM:
-        args = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     ENGINE.sync([t._state for t in lazy], trigger="fallback", source=f"{func}{where}")
 
