@@ -10,5 +10,14 @@ from .config import config
 from .labels import label
 from .record import StepRecord
 
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext xlakit`: registers the %%xla_step and %xla_history magics."""
+    from .notebook import load_ipython_extension as load
+
+    load(ipython)
+
+
 __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
            "reset_metrics", "config", "label", "StepRecord"]

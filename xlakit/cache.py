@@ -39,8 +39,8 @@ class ExecutableCache:
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
 
-    def keys(self) -> list:
-        return [e.key for e in self._entries.values()]
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -176,28 +176,18 @@ class Engine:
 
         lower_s = compile_s = 0.0
         changed: tuple[str, ...] = ()
+        why: tuple[str, ...] = ()
         entry = self.cache.get(key.key)
         if entry is not None:
             outcome = "hit"
             self.counters["cache_hits"] += 1
         else:
-            changed = self._closest_diff(key)
-            t0 = time.perf_counter()
-            lowered = lowering.lower(graph, donors, flags["matmul_precision"])
-            t1 = time.perf_counter()
-            hits_before = self.persistent_hits.count
-            compiled = lowered.compile()
-            t2 = time.perf_counter()
-            lower_s, compile_s = t1 - t0, t2 - t1
-            outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
-            self.counters["cache_misses"] += 1
-            if outcome == "persistent_hit":
-                self.counters["persistent_cache_hits"] += 1
-            else:
-                self.counters["compiles"] += 1
-            entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "")
-            self.cache.capacity = config.cache_size
-            self.cache.put(key.key, entry)
+            closest = self._closest(key)
+            entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags)
+            if closest is not None:
+                changed = tuple(keys.diff(key, closest.key))
+                why = tuple(keys.explain_miss(key, _any_graph_info(entry, graph, donors, key),
+                                              closest.key, next(iter(closest.graph_infos.values()))))
 
         t3 = time.perf_counter()
         outputs = entry.compiled(*(p.array for p in graph.params))
@@ -213,9 +203,6 @@ class Engine:
             p.donated, p.array = True, None
         self._bind_results(graph, roots, outputs, targets)
 
-        graph_info = entry.graph_infos.get(key.metadata_digest)
-        if graph_info is None:
-            graph_info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors)
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
@@ -224,11 +211,26 @@ class Engine:
             metadata_digest=key.metadata_digest, cache=outcome, donated=tuple(donated),
             num_nodes=len(graph.nodes), num_inputs=len(graph.params), num_outputs=len(graph.roots),
             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s, execute=execute_s),
-            graph=graph_info, changed=changed, uses=entry.uses,
-            donation_note=note, source=source,
+            graph=_any_graph_info(entry, graph, donors, key), changed=changed, why=why, uses=entry.uses,
+            donation_note=note, source=source, hlo=entry.hlo, cache_entries=len(self.cache),
         ))
         self.step_index += 1
         self.trace_seconds = 0.0
+
+    def _compile(self, graph: Graph, donors, key: keys.Key, flags):
+        t0 = time.perf_counter()
+        lowered = lowering.lower(graph, donors, flags["matmul_precision"])
+        t1 = time.perf_counter()
+        hits_before = self.persistent_hits.count
+        compiled = lowered.compile()
+        t2 = time.perf_counter()
+        outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
+        self.counters["cache_misses"] += 1
+        self.counters["persistent_cache_hits" if outcome == "persistent_hit" else "compiles"] += 1
+        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "")
+        self.cache.capacity = config.cache_size
+        self.cache.put(key.key, entry)
+        return entry, outcome, t1 - t0, t2 - t1
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
@@ -262,13 +264,10 @@ class Engine:
             reasons.append(f"{read_only} read-only input(s) (constants, scalars)")
         return tuple(donors), "; ".join(reasons)
 
-    def _closest_diff(self, key: keys.Key) -> tuple[str, ...]:
-        best = None
-        for cached in self.cache.keys():
-            changed = keys.diff(key, cached)
-            if best is None or len(changed) < len(best):
-                best = changed
-        return tuple(best) if best is not None else ()
+    def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
+        """The cached executable whose key differs in the fewest components."""
+        entries = self.cache.entries()
+        return min(entries, key=lambda e: len(keys.diff(key, e.key)), default=None)
 
     # -- counters -----------------------------------------------------------
     def metrics(self) -> dict[str, int]:
@@ -290,6 +289,14 @@ def _depends_on(node: Node, target: Node) -> bool:
         seen.add(id(n))
         stack.extend(o[0] for o in n.operands if not isinstance(o, DeviceData))
     return False
+
+
+def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
+    """The entry's GraphInfo for this metadata; built once per (key, metadata)."""
+    info = entry.graph_infos.get(key.metadata_digest)
+    if info is None:
+        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors)
+    return info
 
 
 def _graph_info(graph: Graph, donors) -> GraphInfo:

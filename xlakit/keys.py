@@ -88,3 +88,45 @@ def _backend_digest() -> str:
 def diff(new: Key, old: Key) -> list[str]:
     """Names of the components that differ between two keys, in key order."""
     return [name for name in COMPONENTS if new.components[name] != old.components[name]]
+
+
+def explain_miss(new: Key, new_graph, old: Key, old_graph, limit: int = 3) -> list[str]:
+    """Why `new` missed, against the closest cached key, in words (GraphInfo inputs)."""
+    lines = []
+    changed = diff(new, old)
+    if "inputs" in changed:
+        lines += _differences("input", [p.aval for p in new_graph.params], [p.aval for p in old_graph.params],
+                              limit)
+    if "graph" in changed:
+        new_nodes = [(n.op, n.avals, n.operands) for n in new_graph.nodes]
+        old_nodes = [(n.op, n.avals, n.operands) for n in old_graph.nodes]
+        for i, (a, b) in enumerate(zip(new_nodes, old_nodes)):
+            if a != b:
+                node = new_graph.nodes[i]
+                lines.append(f"node %{i} now {node.op} -> {', '.join(node.avals)}{_at(node.source)}, "
+                             f"was {b[0]} -> {', '.join(b[1])}")
+                break
+        for i in range(len(old_nodes), min(len(new_nodes), len(old_nodes) + limit)):
+            node = new_graph.nodes[i]
+            lines.append(f"new node %{i} {node.op}{_at(node.source)}")
+        if len(new_nodes) < len(old_nodes):
+            lines.append(f"{len(old_nodes) - len(new_nodes)} fewer nodes ({len(new_nodes)}, was {len(old_nodes)})")
+        if not lines:
+            lines.append("same nodes, different wiring or outputs")
+    if "donors" in changed:
+        now = [i for i, p in enumerate(new_graph.params) if p.donated]
+        was = [i for i, p in enumerate(old_graph.params) if p.donated]
+        lines.append(f"donated inputs now {now}, was {was}")
+    lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
+    return lines
+
+
+def _differences(what: str, new: list, old: list, limit: int) -> list[str]:
+    lines = [f"{what} {i} now {a}, was {b}" for i, (a, b) in enumerate(zip(new, old)) if a != b][:limit]
+    if len(new) != len(old):
+        lines.append(f"{len(new)} {what}s, was {len(old)}")
+    return lines
+
+
+def _at(source) -> str:
+    return f" at {source}" if source else ""

@@ -58,7 +58,10 @@ class StepRecord:
     timings: Timings
     graph: GraphInfo
     changed: tuple[str, ...] = ()   # on a miss: components that differ from the closest cached key
+    why: tuple[str, ...] = ()       # on a miss: what differs, in words ("input 0 now f32[3], was f32[4]")
     uses: int = 1                   # how many times this executable has run, this one included
+    cache_entries: int = 0          # executables in the in-memory cache after this step
+    hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # user line that caused the execution
 
@@ -76,6 +79,7 @@ class StepRecord:
         lines.append(f"  metadata {self.metadata_digest[:16]} (not in key)")
         if self.changed:
             lines.append(f"  changed vs closest cached key: {', '.join(self.changed)}")
+        lines.extend(f"    {line}" for line in self.why)
         if self.donated:
             for d in self.donated:
                 lines.append(f"  donated #{d.index} {d.label or ''} {d.dtype}{list(d.shape)} {d.nbytes} B")

@@ -1,0 +1,95 @@
+"""%%xla_step and the views, driven through a real IPython InteractiveShell."""
+import re
+
+import pytest
+import torch
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.utils.capture import capture_output
+
+import xlakit
+from xlakit.notebook import graph_svg
+
+
+@pytest.fixture(scope="module")
+def shell():
+    ip = InteractiveShell.instance()
+    ip.run_cell("%load_ext xlakit", store_history=True)
+    ip.run_cell("import torch, xlakit\ndev = xlakit.device()", store_history=True)
+    return ip
+
+
+def run(shell, source):
+    """Run one cell; return (plain texts, htmls) of what it displayed, and the result."""
+    with capture_output() as captured:
+        result = shell.run_cell(source, store_history=True)
+    texts = [o.data.get("text/plain", "") for o in captured.outputs]
+    htmls = [o.data.get("text/html", "") for o in captured.outputs]
+    return texts, htmls, result
+
+
+def test_shape_change_is_a_miss_that_names_the_input(shell):
+    run(shell, "%%xla_step --name shapes\nx = torch.ones(3).to(dev)\ny = (x * 2).sum()")
+    texts, htmls, _ = run(shell, "%%xla_step --name shapes\nx = torch.ones(4).to(dev)\ny = (x * 2).sum()")
+    assert len(texts) == 1
+    assert "cache miss" in texts[0]
+    assert "input 0 now f32[4], was f32[3]" in texts[0]
+    assert re.search(r"inputs\s+\w+\s+\*changed\*", texts[0])
+    assert "<svg" in htmls[0] and "xlakit-key" in htmls[0]
+
+
+def test_metadata_only_change_is_a_hit_with_changed_metadata(shell):
+    run(shell, "%%xla_step --name meta\nz = torch.arange(6.0).to(dev)\nw = z.sin() * 3")
+    texts, _, _ = run(shell, "%%xla_step --name meta\nz = torch.arange(6.0).to(dev)\n\n# moved down\nw = z.sin() * 3")
+    assert "cache hit" in texts[0]
+    assert re.search(r"metadata \w+ \(not in key\)\s+\*changed\*", texts[0])
+    assert "*changed*" not in texts[0].split("metadata")[0]
+
+
+def test_training_step_shows_donated_parameters_by_module_name(shell):
+    run(shell, "torch.manual_seed(0)\nmodel = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(),"
+               " torch.nn.Linear(8, 1)).to(dev)\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+               "data = torch.randn(5, 4).to(dev)")
+    cell = "%%xla_step --name train\nopt.zero_grad()\nmodel(data).square().mean().backward()\nopt.step()"
+    run(shell, cell)
+    texts, htmls, _ = run(shell, cell)
+    assert "0.weight" in texts[-1] and "2.bias" in texts[-1]
+    assert 'class="xlakit-donation"' in htmls[-1] and "0.weight" in htmls[-1]
+
+
+def test_cell_error_still_shows_records_and_reraises(shell):
+    texts, _, result = run(shell, "%%xla_step --name boom\na = torch.ones(2).to(dev) * 5\n"
+                                  "print(a.sum().item())\nraise ValueError('boom')")
+    assert isinstance(result.error_in_exec, ValueError)
+    assert any("trigger=item" in t for t in texts)
+
+
+def test_history_lists_every_step_and_clears(shell):
+    run(shell, "%%xla_step --name hist --quiet\nq = torch.ones(2).to(dev) + 1")
+    texts, htmls, _ = run(shell, "%xla_history")
+    assert "hist" in texts[-1] and "xlakit-history-plot" in htmls[-1]
+    run(shell, "%xla_history --clear")
+    texts, _, _ = run(shell, "%xla_history")
+    assert "hist" not in texts[-1]
+
+
+def test_graph_renders_without_graphviz(monkeypatch, dev):
+    monkeypatch.setenv("PATH", "")
+    x = torch.ones(3).to(dev)
+    y = (x.exp() + 1).sum()
+    xlakit.mark_step()
+    svg = graph_svg.to_svg(xlakit.last_step().graph)
+    assert svg.startswith("<svg") and svg.count('class="xlakit-node') == 3 + 1  # exp, add, sum + 1 input
+    del y
+
+
+def test_a_5000_node_graph_is_grouped(dev):
+    x = torch.ones(8).to(dev)
+    for i in range(2500):
+        x = x * 1.0001
+        x = x + 0.5
+    xlakit.mark_step()
+    graph = xlakit.last_step().graph
+    assert len(graph.nodes) == 5000
+    svg = graph_svg.to_svg(graph)
+    assert 'data-grouped="true"' in svg
+    assert svg.count('class="xlakit-node') <= graph_svg.MAX_BOXES

@@ -1,0 +1,190 @@
+"""StepRecord -> plain text and static HTML. Views read records; they never reach into the engine.
+
+The plain text is deterministic (no timings, no addresses) so nbval and
+terminals see something true; timings appear only in the HTML.
+"""
+from __future__ import annotations
+
+import html
+
+from ..keys import COMPONENTS
+from ..record import StepRecord
+from . import graph_svg
+
+STYLE = """<style>
+.xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
+.xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left}
+.xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
+.xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
+</style>"""
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
+    if previous is None:
+        return set()
+    changed = {c for c in COMPONENTS if record.components[c] != previous.components[c]}
+    if record.metadata_digest != previous.metadata_digest:
+        changed.add("metadata")
+    return changed
+
+
+def cache_line(record: StepRecord) -> str:
+    if record.cache == "hit":
+        return f"cache hit ({_ordinal(record.uses)} use)"
+    if record.cache == "persistent_hit":
+        return "persistent cache hit (loaded from disk, not compiled)"
+    return "cache miss: compiled"
+
+
+def why_lines(record: StepRecord) -> list[str]:
+    if record.cache == "hit":
+        return [cache_line(record)]
+    if not record.changed:
+        return ["first compilation of this graph (nothing similar cached)"]
+    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
+
+
+def donation_lines(record: StepRecord) -> list[str]:
+    if not record.donated:
+        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
+    lines = [f"{len(record.donated)} buffer(s) donated, {human_bytes(record.donated_bytes)} reused"]
+    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
+              for d in record.donated]
+    if record.donation_note:
+        lines.append(f"  not donated: {record.donation_note}")
+    return lines
+
+
+def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
+    changed = changed_components(record, previous)
+    title = f"step {record.index}" + (f" [{name}]" if name else "")
+    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
+             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
+    if record.source:
+        lines.append(f"  at {record.source}")
+    lines.append("  key components:")
+    for c in COMPONENTS:
+        lines.append(f"    {c:<8} {record.components[c][:16]}{'  *changed*' if c in changed else ''}")
+    lines.append(f"    metadata {record.metadata_digest[:16]} (not in key)"
+                 f"{'  *changed*' if 'metadata' in changed else ''}")
+    lines += [f"  why: {line}" for line in why_lines(record)]
+    lines += [f"  donation: {line}" for line in donation_lines(record)]
+    return "\n".join(lines)
+
+
+def html_view(record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
+              hlo: bool = False) -> str:
+    return "".join([STYLE, '<div class="xlakit-step">', _header_html(record, name),
+                    *(section for _, section in sections_html(record, previous, hlo)), "</div>"])
+
+
+def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) -> list[tuple[str, str]]:
+    """(title, html) per view section; the widget puts each in a tab."""
+    sections = [
+        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_svg.to_svg(record.graph)}</div>'),
+        ("Key", "<h4>Key</h4>" + key_table(record, previous)),
+        ("Why", "<h4>Why</h4>" + _list_html(why_lines(record))),
+        ("Donation", "<h4>Donation</h4>" + donation_table(record)),
+        ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
+    ]
+    if hlo:
+        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo)}</pre>"))
+    return sections
+
+
+def key_table(record: StepRecord, previous: StepRecord | None) -> str:
+    changed = changed_components(record, previous)
+    rows = [(c, record.components[c], "in key") for c in COMPONENTS]
+    rows.append(("metadata", record.metadata_digest, "not in key"))
+    body = "".join(
+        f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'
+        f"<td>{c}</td><td>{v}</td><td>{where}{' (changed)' if c in changed else ''}</td></tr>"
+        for c, v, where in rows)
+    return f'<table class="xlakit-key"><tr><th>component</th><th>digest</th><th></th></tr>{body}</table>' \
+           f"<div>key {record.key}</div>"
+
+
+def donation_table(record: StepRecord) -> str:
+    if not record.donated:
+        return _list_html(donation_lines(record))
+    body = "".join(f"<tr><td>{d.index}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
+                   f"<td>{list(d.shape)}</td><td>{d.dtype}</td><td>{human_bytes(d.nbytes)}</td></tr>"
+                   for d in record.donated)
+    note = f"<div>not donated: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
+    return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
+            f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
+
+
+def timing_table(record: StepRecord) -> str:
+    t = record.timings
+    rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
+            ("compile", _ms(t.compile)), ("execute", _ms(t.execute)),
+            ("executables cached", str(record.cache_entries))]
+    return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
+        + "</table>"
+
+
+def _header_html(record: StepRecord, name: str | None) -> str:
+    title = f"step {record.index}" + (f" [{html.escape(name)}]" if name else "")
+    where = f" at {html.escape(record.source)}" if record.source else ""
+    return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
+            f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
+
+
+def _list_html(lines: list[str]) -> str:
+    return "<ul>" + "".join(f"<li>{html.escape(line)}</li>" for line in lines) + "</ul>"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def history_text(rows: list[tuple[str, StepRecord]]) -> str:
+    lines = [f"{'#':>4} {'cell/name':<16} {'trigger':<10} {'key':<12} {'cache':<15} {'donated':>10}"]
+    for name, r in rows:
+        lines.append(f"{r.index:>4} {name[:16]:<16} {r.trigger:<10} {r.key[:12]:<12} {r.cache:<15} "
+                     f"{human_bytes(r.donated_bytes):>10}")
+    return "\n".join(lines)
+
+
+def history_html(rows: list[tuple[str, StepRecord]]) -> str:
+    body = "".join(
+        f"<tr><td>{r.index}</td><td>{html.escape(name)}</td><td>{r.trigger}</td><td>{r.key[:12]}</td>"
+        f"<td>{r.cache}</td><td>{_ms(r.timings.compile)}</td><td>{_ms(r.timings.execute)}</td>"
+        f"<td>{human_bytes(r.donated_bytes)}</td></tr>" for name, r in rows)
+    table = (f'<table class="xlakit-history"><tr><th>#</th><th>cell/name</th><th>trigger</th><th>key</th>'
+             f"<th>cache</th><th>compile</th><th>execute</th><th>donated</th></tr>{body}</table>")
+    return STYLE + f'<div class="xlakit-step">{table}{_time_plot(rows)}</div>'
+
+
+def _time_plot(rows: list[tuple[str, StepRecord]]) -> str:
+    """Compile (orange) and execute (blue) ms per step, as bars on a log-free linear scale."""
+    if not rows:
+        return ""
+    peak = max(max(r.timings.compile, r.timings.execute) for _, r in rows) or 1.0
+    bar, height = 10, 80
+    parts = [f'<svg class="xlakit-history-plot" width="{len(rows) * (2 * bar + 4) + 10}" height="{height + 14}" '
+             f'font-size="9" font-family="monospace">']
+    for k, (_, r) in enumerate(rows):
+        x = 5 + k * (2 * bar + 4)
+        for j, (value, color) in enumerate(((r.timings.compile, "#f29900"), (r.timings.execute, "#1a73e8"))):
+            h = max(1.0, value / peak * height)
+            parts.append(f'<rect x="{x + j * bar}" y="{height - h:.1f}" width="{bar - 1}" height="{h:.1f}" '
+                         f'fill="{color}"><title>step {r.index} {"compile" if j == 0 else "execute"} '
+                         f'{_ms(value)}</title></rect>')
+        parts.append(f'<text x="{x}" y="{height + 11}">{r.index}</text>')
+    parts.append("</svg>")
+    return "".join(parts)

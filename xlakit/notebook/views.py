@@ -1,0 +1,47 @@
+"""Displayable objects: plain text, static HTML and (where ipywidgets runs) a tabbed widget."""
+from __future__ import annotations
+
+from ..record import StepRecord
+from . import render
+
+
+class StepView:
+    def __init__(self, record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
+                 hlo: bool = False):
+        self.record, self.name, self.previous, self.hlo = record, name, previous, hlo
+
+    def __repr__(self) -> str:
+        return render.text(self.record, self.name, self.previous)
+
+    def _repr_html_(self) -> str:
+        return render.html_view(self.record, self.name, self.previous, self.hlo)
+
+    def widget(self):
+        """Tabs (Graph, Key, Why, Donation, Cache and time[, HLO]) under a one-line header."""
+        import ipywidgets
+
+        sections = render.sections_html(self.record, self.previous, self.hlo)
+        tabs = ipywidgets.Tab(children=[ipywidgets.HTML(render.STYLE + f'<div class="xlakit-step">{body}</div>')
+                                        for _, body in sections],
+                              titles=[title for title, _ in sections])
+        header = ipywidgets.HTML(render._header_html(self.record, self.name))
+        return ipywidgets.VBox([header, tabs])
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        try:
+            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
+        except ImportError:
+            pass  # no ipywidgets: the static HTML stands alone
+        return bundle
+
+
+class HistoryView:
+    def __init__(self, rows: list[tuple[str, StepRecord]]):
+        self.rows = list(rows)
+
+    def __repr__(self) -> str:
+        return render.history_text(self.rows)
+
+    def _repr_html_(self) -> str:
+        return render.history_html(self.rows)
