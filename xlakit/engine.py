@@ -185,9 +185,10 @@ class Engine:
             closest = self._closest(key)
             entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags)
             if closest is not None:
-                changed = tuple(keys.diff(key, closest.key))
-                why = tuple(keys.explain_miss(key, _any_graph_info(entry, graph, donors, key),
-                                              closest.key, next(iter(closest.graph_infos.values()))))
+                changed = tuple(keys.diff(key.components, closest.key.components))
+                why = tuple(keys.explain_miss(key.components, _any_graph_info(entry, graph, donors, key),
+                                              closest.key.components,
+                                              next(iter(closest.graph_infos.values()))))
 
         t3 = time.perf_counter()
         outputs = entry.compiled(*(p.array for p in graph.params))
@@ -267,7 +268,7 @@ class Engine:
     def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
         """The cached executable whose key differs in the fewest components."""
         entries = self.cache.entries()
-        return min(entries, key=lambda e: len(keys.diff(key, e.key)), default=None)
+        return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
     # -- counters -----------------------------------------------------------
     def metrics(self) -> dict[str, int]:

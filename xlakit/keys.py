@@ -85,13 +85,13 @@ def _backend_digest() -> str:
     return digest(repr(sorted(backend_description().items())).encode())
 
 
-def diff(new: Key, old: Key) -> list[str]:
-    """Names of the components that differ between two keys, in key order."""
-    return [name for name in COMPONENTS if new.components[name] != old.components[name]]
+def diff(new: dict[str, str], old: dict[str, str]) -> list[str]:
+    """Names of the components that differ between two keys' components, in key order."""
+    return [name for name in COMPONENTS if new[name] != old[name]]
 
 
-def explain_miss(new: Key, new_graph, old: Key, old_graph, limit: int = 3) -> list[str]:
-    """Why `new` missed, against the closest cached key, in words (GraphInfo inputs)."""
+def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph, limit: int = 3) -> list[str]:
+    """Why a key with components `new` is not `old`, in words (graphs are GraphInfo)."""
     lines = []
     changed = diff(new, old)
     if "inputs" in changed:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import html
 
+from .. import keys
 from ..keys import COMPONENTS
 from ..record import StepRecord
 from . import graph_svg
@@ -44,9 +45,15 @@ def cache_line(record: StepRecord) -> str:
     return "cache miss: compiled"
 
 
-def why_lines(record: StepRecord) -> list[str]:
+def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
+    """On a miss: against the previous step of the same cell when there is one
+    (what the user changed), else against the closest cached key."""
     if record.cache == "hit":
         return [cache_line(record)]
+    if previous is not None and previous.key != record.key:
+        changed = keys.diff(record.components, previous.components)
+        return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
+                *keys.explain_miss(record.components, record.graph, previous.components, previous.graph)]
     if not record.changed:
         return ["first compilation of this graph (nothing similar cached)"]
     return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
@@ -75,7 +82,7 @@ def text(record: StepRecord, name: str | None = None, previous: StepRecord | Non
         lines.append(f"    {c:<8} {record.components[c][:16]}{'  *changed*' if c in changed else ''}")
     lines.append(f"    metadata {record.metadata_digest[:16]} (not in key)"
                  f"{'  *changed*' if 'metadata' in changed else ''}")
-    lines += [f"  why: {line}" for line in why_lines(record)]
+    lines += [f"  why: {line}" for line in why_lines(record, previous)]
     lines += [f"  donation: {line}" for line in donation_lines(record)]
     return "\n".join(lines)
 
@@ -91,7 +98,7 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
     sections = [
         ("Graph", f'<h4>Graph</h4><div class="graph">{graph_svg.to_svg(record.graph)}</div>'),
         ("Key", "<h4>Key</h4>" + key_table(record, previous)),
-        ("Why", "<h4>Why</h4>" + _list_html(why_lines(record))),
+        ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
         ("Donation", "<h4>Donation</h4>" + donation_table(record)),
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
     ]
