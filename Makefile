@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lab bench clean
+.PHONY: venv test lab bench fuzz clean
 
 venv: $(STAMP)
 
@@ -27,6 +27,10 @@ lab: venv
 
 bench: venv
 	PJRT_DEVICE=CPU $(BIN)/python bench/tracing.py
+	$(BIN)/python bench/render.py
+
+fuzz: venv
+	XLAKIT_FUZZ_EXAMPLES=$${XLAKIT_FUZZ_EXAMPLES:-2000} XLAKIT_FUZZ_RANDOM=1 $(BIN)/python -m pytest -q tests/test_fuzz.py
 
 clean:
 	rm -rf $(VENV)

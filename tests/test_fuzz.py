@@ -1,0 +1,127 @@
+"""Differential fuzzing: random programs run eagerly and through xlakit must agree.
+
+After every sync, all live tensors of the program are compared. CI runs a
+bounded number of examples; `make fuzz` runs many more (XLAKIT_FUZZ_EXAMPLES).
+"""
+import os
+import tempfile
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xlakit
+
+SHAPE = (4, 5)
+EXAMPLES = int(os.environ.get("XLAKIT_FUZZ_EXAMPLES", "40"))
+# CI replays the same examples every run; `make fuzz` explores new ones
+RANDOM = os.environ.get("XLAKIT_FUZZ_RANDOM", "") == "1"
+
+unit = st.floats(-1.5, 1.5, allow_nan=False, allow_infinity=False, width=32)
+slot = st.integers(0, 7)
+views = st.sampled_from(["row", "col", "block", "t", "diag", "flat"])
+
+instructions = st.one_of(
+    st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
+    st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg", "relu"]), slot),
+    st.tuples(st.just("scalar"), st.sampled_from(["add", "mul", "rsub"]), slot, unit),
+    st.tuples(st.just("matmul"), slot, slot),
+    st.tuples(st.just("center"), slot, st.integers(0, 1)),
+    st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "zero_", "clamp_"]), slot, unit),
+    st.tuples(st.just("view_inplace"), views, st.sampled_from(["add_", "mul_", "fill_", "copy_"]), slot, slot,
+              unit),
+    st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit),
+    st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16])),
+    st.tuples(st.just("masked_sum"), slot, slot),              # data-dependent shape: eager fallback
+    st.tuples(st.just("mark_step")),
+    st.tuples(st.just("partial_sync"), st.lists(slot, max_size=3)),
+    st.tuples(st.just("item"), slot),
+    st.tuples(st.just("save"), slot),
+)
+
+
+def view_of(t, kind):
+    return {"row": lambda: t[1], "col": lambda: t[:, 2], "block": lambda: t[1:3, 1:4],
+            "t": lambda: t.t(), "diag": lambda: t.diagonal(), "flat": lambda: t.view(-1)[3:9]}[kind]()
+
+
+class Program:
+    """Interprets instructions over a pool of tensors; `sync` is a no-op eagerly."""
+
+    def __init__(self, pool, lazy):
+        self.pool, self.lazy, self.items = pool, lazy, []
+
+    def t(self, i):
+        return self.pool[i % len(self.pool)]
+
+    def run(self, ins, check):
+        kind, *a = ins
+        if kind == "binary":
+            self.pool.append(getattr(torch, a[0])(self.t(a[1]), self.t(a[2])))
+        elif kind == "unary":
+            self.pool.append(getattr(torch, a[0])(self.t(a[1])))
+        elif kind == "scalar":
+            op = {"add": lambda x, c: x + c, "mul": lambda x, c: x * c, "rsub": lambda x, c: c - x}[a[0]]
+            self.pool.append(op(self.t(a[1]), a[2]))
+        elif kind == "matmul":
+            self.pool.append(self.t(a[0]) @ self.t(a[1]).T @ self.t(a[0]) / 25)
+        elif kind == "center":
+            x = self.t(a[0])
+            self.pool.append(x - x.mean(dim=a[1], keepdim=True))
+        elif kind == "inplace":
+            x = self.t(a[1])
+            {"add_": lambda: x.add_(a[2]), "mul_": lambda: x.mul_(a[2]), "fill_": lambda: x.fill_(a[2]),
+             "zero_": x.zero_, "clamp_": lambda: x.clamp_(-abs(a[2]), abs(a[2]))}[a[0]]()
+        elif kind == "view_inplace":
+            view, op, i, j, c = a
+            v = view_of(self.t(i), view)
+            src = view_of(self.t(j), view)
+            {"add_": lambda: v.add_(c), "mul_": lambda: v.mul_(c), "fill_": lambda: v.fill_(c),
+             "copy_": lambda: v.copy_(src.clone())}[op]()
+        elif kind == "index_put":
+            x = self.t(a[0])
+            idx = torch.tensor(a[1])
+            x[idx] = a[2]
+        elif kind == "cast":
+            self.pool.append(self.t(a[0]).to(a[1]).to(torch.float32))
+        elif kind == "masked_sum":
+            x = self.t(a[0])
+            self.pool.append(self.t(a[1]) + x[x > 0].sum())
+        elif kind == "item":
+            self.items.append(self.t(a[0]).sum().item())
+        elif kind == "save" and self.lazy:
+            with tempfile.TemporaryDirectory() as d:
+                xlakit.save(self.t(a[0]), os.path.join(d, "t.pt"))
+                self.items.append(torch.load(os.path.join(d, "t.pt")).sum().item())
+        elif kind == "save":
+            self.items.append(self.t(a[0]).clone().sum().item())
+        elif kind == "mark_step" and self.lazy:
+            xlakit.mark_step()
+        elif kind == "partial_sync" and self.lazy:
+            xlakit.sync([self.t(i) for i in a[0]])
+        if kind in ("mark_step", "partial_sync", "item", "save"):
+            check()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), program=st.lists(instructions, min_size=1, max_size=40))
+def test_random_programs_match_eager(dev, seed, program):
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(SHAPE, generator=gen) for _ in range(3)]
+    eager = Program([t.clone() for t in start], lazy=False)
+    lazy = Program([t.to(dev) for t in start], lazy=True)
+
+    def check():
+        for k, (got, want) in enumerate(zip(lazy.pool, eager.pool)):
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-3, equal_nan=True,
+                                       msg=lambda m: f"tensor {k} after {program}: {m}")
+        assert len(lazy.items) == len(eager.items)
+        torch.testing.assert_close(torch.tensor(lazy.items), torch.tensor(eager.items), rtol=2e-2, atol=2e-3,
+                                   equal_nan=True)
+
+    for ins in program:
+        eager.run(ins, lambda: None)
+        lazy.run(ins, check)
+    xlakit.mark_step()
+    check()
