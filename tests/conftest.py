@@ -4,6 +4,16 @@ import tempfile
 # A private persistent cache per test session, so tests never see another run's executables.
 os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-cache-"))
 
+# torch_xla, where installed, must create its device before the first backward()
+# of the process (autograd sizes its device queues once).
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+try:
+    import torch_xla
+
+    torch_xla.device()
+except ImportError:
+    torch_xla = None
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

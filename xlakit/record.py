@@ -62,6 +62,7 @@ class StepRecord:
     uses: int = 1                   # how many times this executable has run, this one included
     cache_entries: int = 0          # executables in the in-memory cache after this step
     hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
+    backend: str = "xlakit"         # "xlakit", or "torch_xla" for records of the real torch_xla executor
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # user line that caused the execution
 

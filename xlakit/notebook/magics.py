@@ -19,24 +19,47 @@ class XlaMagics(Magics):
     @argument("--name", help="name for this cell's steps (default: the cell number)")
     @argument("--hlo", action="store_true", help="show the HLO of each executable")
     @argument("--quiet", action="store_true", help="record, but show nothing")
+    @argument("--backend", choices=["xlakit", "torch_xla"], default="xlakit",
+              help="whose executor: xlakit's, or the real torch_xla's")
     @cell_magic
     def xla_step(self, line, cell):
         """Run the cell, then a step marker; show one view per step the cell produced."""
         args = parse_argstring(self.xla_step, line)
         name = args.name or f"cell {self.shell.execution_count}"
-        last = api.last_step()
-        before = last.index if last is not None else -1
-        filename = self.shell.compile.cache(cell, self.shell.execution_count)
+        run = self._run_torch_xla if args.backend == "torch_xla" else self._run_xlakit
+        records = []
         try:
-            exec(self.shell.compile(cell, filename, "exec"), self.shell.user_ns)
-            api.mark_step()
+            run(cell, records)
         finally:
             # on an error, what ran so far is still shown; the error then propagates
-            for record in [r for r in api.steps() if r.index > before]:
-                previous = next((r for n, r in reversed(HISTORY) if n == name), None)
+            for record in records:
+                previous = next((r for n, r in reversed(HISTORY)
+                                 if n == name and r.backend == record.backend), None)
                 HISTORY.append((name, record))
                 if not args.quiet:
                     display(StepView(record, name, previous, args.hlo))
+
+    def _exec(self, cell: str) -> None:
+        filename = self.shell.compile.cache(cell, self.shell.execution_count)
+        exec(self.shell.compile(cell, filename, "exec"), self.shell.user_ns)
+
+    def _run_xlakit(self, cell: str, records: list) -> None:
+        last = api.last_step()
+        before = last.index if last is not None else -1
+        try:
+            self._exec(cell)
+            api.mark_step()
+        finally:
+            records.extend(r for r in api.steps() if r.index > before)
+
+    def _run_torch_xla(self, cell: str, records: list) -> None:
+        from .. import torch_xla as adapter
+
+        before = adapter.execution_count()
+        self._exec(cell)
+        record = adapter.step(implicit_executions=adapter.execution_count() - before)
+        if record is not None:
+            records.append(record)
 
     @magic_arguments()
     @argument("--clear", action="store_true", help="forget the history")

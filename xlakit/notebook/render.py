@@ -8,7 +8,6 @@ from __future__ import annotations
 import html
 
 from .. import keys
-from ..keys import COMPONENTS
 from ..record import StepRecord
 from . import graph_svg
 
@@ -31,10 +30,14 @@ def human_bytes(n: int) -> str:
 def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
     if previous is None:
         return set()
-    changed = {c for c in COMPONENTS if record.components[c] != previous.components[c]}
+    changed = {c for c, v in record.components.items() if previous.components.get(c) != v}
     if record.metadata_digest != previous.metadata_digest:
         changed.add("metadata")
     return changed
+
+
+def _key_owner(record: StepRecord) -> str:
+    return "in key" if record.backend == "xlakit" else f"in {record.backend}'s key"
 
 
 def cache_line(record: StepRecord) -> str:
@@ -50,6 +53,8 @@ def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[st
     (what the user changed), else against the closest cached key."""
     if record.cache == "hit":
         return [cache_line(record)]
+    if record.backend != "xlakit":
+        return [cache_line(record), *record.why]
     if previous is not None and previous.key != record.key:
         changed = keys.diff(record.components, previous.components)
         return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
@@ -72,14 +77,15 @@ def donation_lines(record: StepRecord) -> list[str]:
 
 def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
     changed = changed_components(record, previous)
-    title = f"step {record.index}" + (f" [{name}]" if name else "")
+    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
+        ("" if record.backend == "xlakit" else f" ({record.backend})")
     lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
              f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
     if record.source:
         lines.append(f"  at {record.source}")
-    lines.append("  key components:")
-    for c in COMPONENTS:
-        lines.append(f"    {c:<8} {record.components[c][:16]}{'  *changed*' if c in changed else ''}")
+    lines.append(f"  key components ({_key_owner(record)}):")
+    for c, v in record.components.items():
+        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
     lines.append(f"    metadata {record.metadata_digest[:16]} (not in key)"
                  f"{'  *changed*' if 'metadata' in changed else ''}")
     lines += [f"  why: {line}" for line in why_lines(record, previous)]
@@ -109,7 +115,7 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
 
 def key_table(record: StepRecord, previous: StepRecord | None) -> str:
     changed = changed_components(record, previous)
-    rows = [(c, record.components[c], "in key") for c in COMPONENTS]
+    rows = [(c, v, _key_owner(record)) for c, v in record.components.items()]
     rows.append(("metadata", record.metadata_digest, "not in key"))
     body = "".join(
         f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'

@@ -1,0 +1,56 @@
+"""The step views over the real torch_xla executor (torch_xla 2.9 on CPU)."""
+import pytest
+import torch
+
+torch_xla = pytest.importorskip("torch_xla")
+
+from xlakit import torch_xla as adapter  # noqa: E402
+from xlakit.notebook import render  # noqa: E402
+
+
+def test_step_record_from_torch_xla_counters_and_ir():
+    dev = torch_xla.device()
+    a = torch.arange(6.0).to(dev)
+    b = (a * 2 + 1).sum()
+    first = adapter.step()
+    assert first.backend == "torch_xla" and first.cache == "miss"
+    assert first.num_nodes >= 3 and any(n.op == "aten::mul" for n in first.graph.nodes)
+    assert "graph hash" in first.components and first.components["XLA_HLO_DEBUG"] in ("unset", "0", "1")
+    assert b.cpu().item() == 36.0
+    c = torch.arange(6.0).to(dev)
+    d = (c * 2 + 1).sum()
+    second = adapter.step()
+    assert second.cache == "hit" and second.key == first.key
+    text = render.text(second)
+    assert "(torch_xla)" in text and "in torch_xla's key" in text
+    del d
+
+
+def test_magic_with_torch_xla_backend():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    ip = InteractiveShell.instance()
+    ip.run_cell("%load_ext xlakit")
+    ip.run_cell("import torch, torch_xla\ntdev = torch_xla.device()")
+    with capture_output() as out:
+        ip.run_cell("%%xla_step --backend torch_xla --name tx\nu = torch.ones(4).to(tdev)\n"
+                    "print(u.sum().item())\nv = u.exp()")
+    texts = [o.data["text/plain"] for o in out.outputs]
+    assert len(texts) == 1 and "(torch_xla)" in texts[0]
+    assert "1 implicit execution(s)" in texts[0]
+
+
+def test_without_torch_xla_the_error_says_how_to_install(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch_xla(name, *args, **kwargs):
+        if name.startswith("torch_xla"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch_xla)
+    with pytest.raises(ImportError, match=r"pip install 'xlakit\[torch-xla\]'"):
+        adapter.step()
