@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
 
-from .api import device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
+from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
 from .config import config
 from .labels import label
 from .record import StepRecord
@@ -20,4 +20,4 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
-           "reset_metrics", "config", "label", "StepRecord"]
+           "reset_metrics", "clear_cache", "config", "label", "StepRecord"]

@@ -7,7 +7,8 @@ from .engine import ENGINE
 from .frontend import device, unwrap, user_source
 from .record import StepRecord
 
-__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics", "reset_metrics"]
+__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics", "reset_metrics",
+           "clear_cache"]
 
 
 def mark_step() -> None:
@@ -45,6 +46,12 @@ def metrics() -> dict[str, int]:
 def reset_metrics() -> None:
     """Zero the counters and forget step records; the caches stay."""
     ENGINE.reset_metrics()
+
+
+def clear_cache() -> None:
+    """Forget the in-memory executables (the disk cache stays): the next step of
+    each graph compiles or loads from disk again."""
+    ENGINE.cache.clear()
 
 
 def _is_lazy(t) -> bool:
