@@ -6,6 +6,8 @@ before every step marker.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -14,7 +16,7 @@ from .engine import ENGINE
 from .frontend import DEVICE, unwrap
 
 _NAMES = WeakTensorKeyDictionary()
-_NAMED_MODULES: set[int] = set()
+_NAMED_MODULES: weakref.WeakSet = weakref.WeakSet()  # not ids: ids of dead modules are reused
 
 
 def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -39,9 +41,9 @@ def _stamp_labels() -> None:
 
 def _label_module(module: torch.nn.Module, args) -> None:
     # The outermost module runs its pre-hook first, so names are relative to it.
-    if id(module) in _NAMED_MODULES:
+    if module in _NAMED_MODULES:
         return
-    _NAMED_MODULES.add(id(module))
+    _NAMED_MODULES.add(module)
     for name, t in (*module.named_parameters(), *module.named_buffers()):
         if t.device == DEVICE and t not in _NAMES:
             _NAMES[t] = name
