@@ -12,6 +12,14 @@ from .record import StepRecord
 
 
 
+def explain(fn, *args, **kwargs):
+    """Graph breaks of `fn(*args, **kwargs)` per path: Dynamo FX, Dynamo -> HLO,
+    lazy, and torch_xla's when installed. Runs `fn` once per path."""
+    from .breaks import explain as run
+
+    return run(fn, *args, **kwargs)
+
+
 def load_ipython_extension(ipython) -> None:
     """`%load_ext xlakit`: registers the %%xla_step and %xla_history magics."""
     from .notebook import load_ipython_extension as load
@@ -20,4 +28,4 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
-           "reset_metrics", "clear_cache", "config", "label", "StepRecord"]
+           "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord"]

@@ -113,9 +113,10 @@ class Engine:
         return list({id(v): v for v, _ in self.tensors.values()}.values())
 
     # -- syncs --------------------------------------------------------------
-    def sync(self, tensors=None, *, trigger: str, source: str | None = None) -> None:
+    def sync(self, tensors=None, *, trigger: str, source: str | None = None):
         """Compute pending values. `tensors=None` is a step marker (all live
-        tensors; may donate); a list is a partial sync (never donates)."""
+        tensors; may donate); a list is a partial sync (never donates).
+        Returns (cache entry, graph) of the execution, or None if nothing was pending."""
         with self.lock:
             full = tensors is None
             if full:
@@ -131,11 +132,11 @@ class Engine:
                     t.resolve()
             targets = [t for t in targets if t.node is not None]
             if not targets:
-                return
-            failure = None
+                return None
+            failure, executed = None, None
             while targets:
                 try:
-                    self._execute(targets, live, full=full, trigger=trigger, source=source)
+                    executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
                     break
                 except lowering.NodeLoweringError as error:
                     # The tensors that need the failed node keep the error; the
@@ -144,6 +145,7 @@ class Engine:
                     targets = self._poison(targets, error)
             if failure is not None:
                 raise failure
+            return executed
 
     def _poison(self, targets, error: lowering.NodeLoweringError) -> list:
         """Mark the tensors that depend on the failed node; return the others."""
@@ -204,16 +206,41 @@ class Engine:
             p.donated, p.array = True, None
         self._bind_results(graph, roots, outputs, targets)
 
+        self._append_record(entry, key, _any_graph_info(entry, graph, donors, key), trigger=trigger,
+                            cache=outcome, donated=tuple(donated), changed=changed, why=why, note=note,
+                            source=source, timings=Timings(trace=self.trace_seconds, lower=lower_s,
+                                                           compile=compile_s, execute=execute_s))
+        return entry, graph
+
+    def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: str, source: str | None = None):
+        """Run a cached executable on given input arrays (torch.compile's replay);
+        nothing is donated. Returns its output arrays."""
+        with self.lock:
+            entry.uses += 1
+            self.counters["cache_hits"] += 1
+            t0 = time.perf_counter()
+            outputs = entry.compiled(*arrays)
+            if config.wait_for_execution:
+                jax.block_until_ready(outputs)
+            graph_info = next(iter(entry.graph_infos.values()))
+            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
+                                note="replay: inputs are not donated", source=source,
+                                timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0))
+            return outputs
+
+    def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,
+                       donated: tuple, timings: Timings, note: str, source: str | None,
+                       changed: tuple = (), why: tuple = ()) -> None:
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
         self.records.append(StepRecord(
             index=self.step_index, trigger=trigger, key=key.key, components=dict(key.components),
-            metadata_digest=key.metadata_digest, cache=outcome, donated=tuple(donated),
-            num_nodes=len(graph.nodes), num_inputs=len(graph.params), num_outputs=len(graph.roots),
-            timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s, execute=execute_s),
-            graph=_any_graph_info(entry, graph, donors, key), changed=changed, why=why, uses=entry.uses,
-            donation_note=note, source=source, hlo=entry.hlo, cache_entries=len(self.cache),
+            metadata_digest=key.metadata_digest, cache=cache, donated=donated,
+            num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
+            num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
+            why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
+            cache_entries=len(self.cache),
         ))
         self.step_index += 1
         self.trace_seconds = 0.0

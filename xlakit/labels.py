@@ -6,6 +6,7 @@ before every step marker.
 """
 from __future__ import annotations
 
+import warnings
 import weakref
 
 import torch
@@ -41,7 +42,7 @@ def _stamp_labels() -> None:
 
 def _label_module(module: torch.nn.Module, args) -> None:
     # The outermost module runs its pre-hook first, so names are relative to it.
-    if module in _NAMED_MODULES:
+    if torch.compiler.is_compiling() or module in _NAMED_MODULES:
         return
     _NAMED_MODULES.add(module)
     for name, t in (*module.named_parameters(), *module.named_buffers()):
@@ -60,5 +61,8 @@ def _label_optimizer_state(optimizer, args, kwargs) -> None:
 
 
 ENGINE.before_step.append(_stamp_labels)
+# torch.compile warns that global module hooks fire once more for its wrapper
+# module; ours is idempotent, so that is harmless.
+warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
 torch.nn.modules.module.register_module_forward_pre_hook(_label_module)
 register_optimizer_step_post_hook(_label_optimizer_state)

@@ -16,6 +16,7 @@ import re
 import time
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .ir import digest
 from .keys import _DEBUG_FLAG
@@ -40,7 +41,9 @@ def _torch_xla():
 def live_tensors() -> list[torch.Tensor]:
     """Every live tensor on an XLA device. torch_xla has no API for this, so
     it walks the garbage collector's objects: fine for a notebook view."""
-    return [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.device.type == "xla"]
+    # plain tensors only: Dynamo's fake tensors also say they are on "xla"
+    return [o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter)
+            and o.device.type == "xla" and not is_fake(o)]
 
 
 def key_inputs(donor_count: int | str) -> dict[str, str]:
@@ -90,8 +93,16 @@ def parse_ir(text: str) -> GraphInfo:
 
 
 def execution_count() -> int:
-    """Executions torch_xla has run so far (implicit syncs included)."""
-    return int(_counters(_torch_xla()).get("ExecuteTime.count", 0))
+    """Executions torch_xla has run so far (implicit syncs included). Waits for
+    pending executions: torch_xla updates its metrics when they finish."""
+    tx = _torch_xla()
+    tx.core.xla_model.wait_device_ops()
+    return int(_counters(tx).get("ExecuteTime.count", 0))
+
+
+def fallback_counts() -> dict[str, int]:
+    """torch_xla's per-op CPU fallback counters (aten::*) so far."""
+    return {k: int(v) for k, v in _counters(_torch_xla()).items() if k.startswith("aten::")}
 
 
 def step(tensors: list[torch.Tensor] | None = None, trigger: str | None = None,

@@ -1,0 +1,107 @@
+"""torch.compile(backend="xlakit") and xlakit.explain: exact break counts, checked by hand."""
+import copy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import xlakit
+from xlakit import dynamo
+
+
+def messy(x):
+    y = x.sin() * 2
+    if y.sum() > 0:                   # +2: data-dependent branch
+        y = y + 1
+    print(y.mean())                   # +4: print
+    nz = torch.nonzero(y > 1.5)       # +5: data-dependent output shape
+    z = torch.angle(y - 1)            # +6: no XLA lowering in torchax
+    return z.sum() + nz.sum()
+
+
+LINE = messy.__code__.co_firstlineno
+HERE = "test_graph_breaks.py"
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+
+
+def test_clean_mlp_has_one_graph_and_no_break_on_every_path():
+    report = xlakit.explain(mlp(), torch.randn(3, 4))
+    assert len(report.paths) >= 3
+    for path in report.paths:
+        assert (path.graphs, path.breaks) == (1, 0), path
+    assert report.ops_per_graph == [["linear", "relu", "linear"]]
+    assert "ran the function once per path" in repr(report)
+
+
+def test_messy_function_counts_per_path():
+    torch.manual_seed(0)
+    x = torch.randn(8)
+    assert messy(x).item() == pytest.approx(messy(x).item())  # deterministic input for all paths
+    report = xlakit.explain(messy, x)
+
+    fx = report.path("Dynamo FX")
+    assert (fx.graphs, fx.breaks) == (4, 3)
+    assert [w.split(":")[1] for w in fx.why] == [str(LINE + 2), str(LINE + 4), str(LINE + 5)]
+
+    compiled = report.path("Dynamo -> HLO (xlakit backend)")
+    # FX graphs: [sin mul sum gt], [mean], [gt], [sub angle sum sum add] -> the last splits at angle
+    assert (compiled.graphs, compiled.breaks) == (5, 1)
+    assert compiled.why == [f"FX graph 3: aten.angle.default (angle) fallback at {HERE}:{LINE + 6}"]
+    assert report.partitions[3] == {"sub": 0, "angle": 1, "sum_1": 1, "sum_2": 1, "add": 1}
+
+    lazy = report.path("Lazy (xlakit engine)")
+    assert (lazy.graphs, lazy.breaks) == (5, 4)
+    assert lazy.why == [f"item at {HERE}:{LINE + 2}", f"cpu at {HERE}:{LINE + 4}",
+                        f"fallback at {HERE}:{LINE + 5}", f"fallback at {HERE}:{LINE + 6}"]
+
+    if any(p.path.startswith("torch_xla") for p in report.paths):
+        lazy_xla = report.path("torch_xla LazyTensor")
+        assert (lazy_xla.graphs, lazy_xla.breaks) == (5, 4)
+        assert lazy_xla.why[:3] == ["CPU fallback aten::_local_scalar_dense x1", "CPU fallback aten::angle x1",
+                                    "CPU fallback aten::nonzero x1"]
+        openxla = report.path("torch_xla openxla")
+        assert openxla.why[0] == "CPU fallback aten::angle x1"
+
+
+def test_compiled_and_lazy_results_equal_eager(dev):
+    torch.manual_seed(1)
+    x = torch.randn(8)
+    want = messy(x)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(messy, backend="xlakit")(x), want)
+    got = messy(x.to(dev))
+    assert torch.allclose(got.cpu(), want)
+
+
+def test_training_step_through_torch_compile_matches_eager():
+    torch._dynamo.reset()
+    model = mlp()
+    ref = copy.deepcopy(model)
+    compiled = torch.compile(model, backend="xlakit")
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
+    x, y = torch.randn(6, 4), torch.randn(6, 2)
+    first = len(dynamo.COMPILED)
+    for _ in range(3):
+        for m, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), y).backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q)
+    graphs = dynamo.COMPILED[first:]
+    assert len(graphs) == 2 and all(g.replays and not g.splits for g in graphs)  # forward and backward
+    replays = [r for r in xlakit.steps() if r.trigger == "dynamo"][-2:]
+    assert all(r.cache == "hit" and r.donated == () for r in replays)
+
+
+def test_backend_is_found_through_the_entry_point_without_importing_xlakit():
+    program = ("import torch\nf = torch.compile(lambda x: (x * 3).sin(), backend='xlakit')\n"
+               "x = torch.arange(4.0)\nassert torch.allclose(f(x), (x * 3).sin())\n"
+               "import sys\nprint('xlakit.dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "True"

@@ -1,0 +1,212 @@
+"""torch.compile backend "xlakit", and the graph-break explorer.
+
+Each FX graph (aten-level, after AOTAutograd, so training works) is run once
+through the lazy engine. If it became exactly one executable with no eager
+fallback, later calls replay that executable directly on the input buffers;
+otherwise (ops with no lowering, data-dependent syncs) it is interpreted
+lazily on every call, which splits it into several executables. Each split is
+recorded with its FX node, op, reason and user source line.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from . import transfer
+from .engine import ENGINE
+from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
+from .ir import DeviceData
+
+
+@dataclasses.dataclass
+class Split:
+    """Where an FX graph was cut: an eager fallback or a data-dependent sync."""
+
+    node: str
+    op: str
+    reason: str
+    source: str | None
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """What the backend made of one FX graph."""
+
+    index: int
+    fx_nodes: int
+    executables: int                 # executions per call
+    splits: list[Split]
+    partition: dict[str, int]        # FX node name -> executable number it went to
+    replays: bool                    # later calls replay one executable
+
+
+# Every FX graph the backend compiled in this process, oldest first.
+COMPILED: list[CompiledGraph] = []
+
+
+class _Replay:
+    """One executable run directly on the inputs' buffers at every later call.
+
+    param_sources: per executable input, a placeholder position or a constant
+    DeviceData; outputs: per FX output, (executable output index, aval), an
+    input position (passed through), or None.
+    """
+
+    def __init__(self, entry, param_sources: list, outputs: list):
+        self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
+
+    def __call__(self, inputs: list):
+        arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
+                  for src in self.param_sources]
+        results = ENGINE.replay(self.entry, arrays, trigger="dynamo")
+        return [out if out is None else inputs[out] if isinstance(out, int)
+                else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
+
+
+def _device_array(t: torch.Tensor):
+    return unwrap(t)._state.computed().array if t.device == DEVICE else transfer.to_device(t)
+
+
+def _wrap_output(array, aval, like):
+    if any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in like):
+        return wrap(new_tensor(aval, data=DeviceData(array, aval)))
+    return transfer.to_host(array, aval.dtype)
+
+
+def _to_lazy(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device == DEVICE:
+        return unwrap(t)
+    return from_host(t.detach())
+
+
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
+    record = CompiledGraph(index=len(COMPILED), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
+                           executables=0, splits=[], partition={}, replays=False)
+    COMPILED.append(record)
+    state = {"replay": None}
+
+    def run(*inputs):
+        if state["replay"] is not None:
+            return state["replay"](list(inputs))
+        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
+        if execution is not None and record.executables == 1 and not record.splits:
+            state["replay"] = _plan(*execution, placeholder_data, output_values)
+            record.replays = state["replay"] is not None
+        return _outputs_like(outputs, inputs)
+
+    return make_boxed_func(run)
+
+
+def _interpret(gm, inputs, record: CompiledGraph):
+    """Run the FX graph on lazy tensors. Returns its outputs, the last execution
+    (entry, graph), the placeholders' device data, and each output's pending
+    value before that execution."""
+    lazy_inputs = [_to_lazy(t) for t in inputs]
+    placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
+    before = len(ENGINE.records)
+    env: dict = {}
+    placeholders = iter(lazy_inputs)
+    outputs = None
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = next(placeholders)
+        elif node.op == "call_function":
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+            executions_before = len(ENGINE.records)
+            env[node.name] = node.target(*args, **kwargs)
+            if len(ENGINE.records) > executions_before:  # this node forced an execution: a split
+                last = ENGINE.records[-1]
+                record.splits.append(Split(node.name, str(node.target), last.trigger, _user_line(node)))
+            record.partition[node.name] = len(ENGINE.records) - before
+        elif node.op == "get_attr":
+            env[node.name] = _to_lazy(getattr(gm, node.target))
+        elif node.op == "output":
+            outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
+    flat = list(_flatten(outputs))
+    output_values = [_pending_or_data(o) for o in flat]
+    lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
+    execution = ENGINE.sync(lazy, trigger="dynamo") if lazy else None
+    record.executables = len(ENGINE.records) - before
+    return outputs, execution, placeholder_data, output_values
+
+
+def _user_line(node: torch.fx.Node) -> str | None:
+    """'file.py:12' of the user code an FX node came from (Dynamo's stack trace)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
+    if not frames:
+        return None
+    parts = frames[-1].split('"')
+    filename, rest = parts[1], parts[2]
+    line = rest.split("line ")[1].split(",")[0]
+    return f"{filename.rsplit('/', 1)[-1]}:{line}"
+
+
+def _pending_or_data(o):
+    if not isinstance(o, LazyTensor):
+        return o
+    state = o._state
+    return (state.node, state.index, state.aval) if state.node is not None else state.data
+
+
+def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
+    """How to replay `entry` on new inputs, or None when an output is not one
+    of its results (an input passed through, or a value computed earlier)."""
+    where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
+    sources = []
+    for p in graph.params:
+        if id(p) not in where:
+            p.read_only = True  # a constant the replay keeps using
+        sources.append(where.get(id(p), p))
+    root_of = {(id(graph.nodes[n]), i): k for k, (n, i) in enumerate(graph.roots)}
+    outputs = []
+    for value in output_values:
+        if value is None:
+            outputs.append(None)
+        elif isinstance(value, tuple) and (id(value[0]), value[1]) in root_of:
+            outputs.append((root_of[(id(value[0]), value[1])], value[2]))
+        elif isinstance(value, DeviceData) and id(value) in where:
+            outputs.append(where[id(value)])  # an input passed through (saved for backward)
+        else:
+            return None
+    return _Replay(entry, sources, outputs)
+
+
+def _flatten(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flatten(v)
+    else:
+        yield value
+
+
+def _outputs_like(outputs, inputs):
+    lazy = any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in inputs)
+
+    def convert(o):
+        if isinstance(o, LazyTensor):
+            return wrap(o) if lazy else transfer.to_host(o._state.computed().array, o.dtype)
+        if isinstance(o, (list, tuple)):
+            return type(o)(convert(x) for x in o)
+        return o
+
+    return convert(outputs)
+
+
+xlakit_backend = aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)
+
+
+def _register() -> None:
+    from torch._dynamo import list_backends, register_backend
+
+    if "xlakit" not in list_backends(exclude_tags=()):
+        register_backend(name="xlakit")(xlakit_backend)
+
+
+_register()
