@@ -9,7 +9,9 @@ wrapper to a new `LazyTensor`.
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 import time
 import warnings
 
@@ -95,9 +97,12 @@ def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
 
 
 # -- source lines -------------------------------------------------------------
+# Frames in these directories are never "the user's line": xlakit itself, and
+# installed packages and the standard library (torch, torchax, IPython, ...).
 _LIBRARY_DIRS = tuple(
-    os.path.dirname(m.__file__) + os.sep
-    for m in (torch, sys.modules["xlakit"], sys.modules["torchax"], sys.modules["contextlib"])
+    {os.path.dirname(sys.modules["xlakit"].__file__) + os.sep,
+     *(p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                            sysconfig.get_paths()["platlib"], *site.getsitepackages()})}
 )
 
 

@@ -1,0 +1,216 @@
+"""Training-step benchmarks, all peers in one run, as ratios to plain jax.jit.
+
+Workloads: an MLP (4 x 1024, batch 64) and a transformer encoder (4 layers,
+d_model 256, seq 128, batch 16), both with AdamW; recompiles over 20 steps with
+a changing learning rate and with the same step at two source lines; and the
+executable's memory with and without donation. float32 matmuls at full
+precision everywhere ("highest"). `python bench/training.py [--quick]`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import platform
+import statistics
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+torch.set_float32_matmul_precision("highest")
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def mlp(width=1024, layers=4):
+    mods = []
+    for _ in range(layers - 1):
+        mods += [nn.Linear(width, width), nn.ReLU()]
+    return nn.Sequential(*mods, nn.Linear(width, width))
+
+
+def encoder(d=256, layers=4):
+    layer = nn.TransformerEncoderLayer(d, 4, 4 * d, dropout=0.0, batch_first=True)
+    return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+
+def timed(step, sync, steps, warmup):
+    for _ in range(warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def torch_peer(model, x, y, device, after_step=lambda: None, wrap=lambda m: m):
+    model = copy.deepcopy(model).to(device)
+    run = wrap(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = x.to(device), y.to(device)
+
+    def step():
+        opt.zero_grad()
+        nn.functional.mse_loss(run(x), y).backward()
+        opt.step()
+        after_step()
+    return step
+
+
+def jax_peer(model, x, y):
+    """The same model and AdamW written directly in JAX (no framework at run time)."""
+    import torchax
+
+    params, forward = torchax.extract_jax(copy.deepcopy(model))
+    xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+
+    def loss(p, xj, yj):
+        return jnp.mean((forward(p, (xj,)) - yj) ** 2)
+
+    @jax.jit
+    def train_step(p, m, v, t, xj, yj):
+        g = jax.grad(loss)(p, xj, yj)
+        b1, b2, lr, wd, eps = 0.9, 0.999, 1e-3, 1e-2, 1e-8
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+        def update(p, m, v):
+            return p * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
+        return jax.tree.map(update, p, m, v), m, v
+
+    train_step = jax.jit(train_step.__wrapped__, donate_argnums=(0, 1, 2))
+    state = {"p": params, "m": jax.tree.map(jnp.zeros_like, params),
+             "v": jax.tree.map(jnp.zeros_like, params), "t": 0}
+
+    def step():
+        state["t"] += 1
+        state["p"], state["m"], state["v"] = train_step(state["p"], state["m"], state["v"],
+                                                        float(state["t"]), xj, yj)
+    return step, lambda: jax.block_until_ready(state["p"])
+
+
+def peers(model, x, y, quick):
+    import xlakit
+
+    result = {}  # every peer waits for its step to finish (xlakit's mark_step does by default)
+    step, sync = jax_peer(model, x, y)
+    result["jax.jit (donating)"] = (step, sync)
+    result["eager torch"] = (torch_peer(model, x, y, "cpu"), lambda: None)
+    result["xlakit lazy"] = (torch_peer(model, x, y, xlakit.device(), after_step=xlakit.mark_step),
+                             lambda: None)
+    result["xlakit compiled"] = (torch_peer(model, x, y, "cpu", wrap=lambda m: torch.compile(m, backend="xlakit")),
+                                 lambda: None)
+    if not quick:
+        result["torch.compile inductor"] = (torch_peer(model, x, y, "cpu", wrap=torch.compile), lambda: None)
+    try:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        result["torch_xla lazy"] = (torch_peer(model, x, y, torch_xla.device(), after_step=torch_xla.sync),
+                                    xm.wait_device_ops)
+    except ImportError:
+        pass
+    return result
+
+
+def measure(name, model, x, y, steps, quick):
+    rows = {}
+    for peer, (step, sync) in peers(model, x, y, quick).items():
+        try:
+            rows[peer] = timed(step, sync, steps, warmup=3)
+        except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not hidden
+            rows[peer] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    floor = rows["jax.jit (donating)"]
+    print(f"\n### {name}: median ms/step (ratio to jax.jit)\n\n| peer | ms/step | × jax.jit |\n|---|---|---|")
+    for peer, ms in rows.items():
+        print(f"| {peer} | {ms:.1f} | {ms / floor:.2f} |" if isinstance(ms, float) else f"| {peer} | {ms} | - |")
+
+
+def recompiles():
+    import xlakit
+
+    dev = xlakit.device()
+    model = mlp(256, 2).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(8, 256).to(dev), torch.randn(8, 256).to(dev)
+
+    def step_here():
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    def step_elsewhere():
+
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    for _ in range(2):
+        step_here()
+        xlakit.mark_step()
+    before = xlakit.metrics()["compiles"]
+    for i in range(20):
+        for group in opt.param_groups:
+            group["lr"] = 1e-3 / (i + 1)
+        (step_here if i % 2 else step_elsewhere)()
+        xlakit.mark_step()
+    print(f"\n### Recompiles: {xlakit.metrics()['compiles'] - before} over 20 AdamW steps with a new "
+          "learning rate each step, alternating between two source lines (xlakit)")
+
+
+def memory():
+    import xlakit
+
+    rows = []
+    for donate in (True, False):
+        xlakit.config.donate = donate
+        torch.manual_seed(0)
+        model = mlp(1024, 4).to(xlakit.device())
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        x, y = torch.randn(64, 1024).to(xlakit.device()), torch.randn(64, 1024).to(xlakit.device())
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            xlakit.mark_step()
+        entry = xlakit.engine.ENGINE.cache.get(xlakit.last_step().key)
+        mem = entry.compiled.memory_analysis()
+        peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes \
+            + mem.temp_size_in_bytes
+        rows.append((donate, mem.argument_size_in_bytes, mem.alias_size_in_bytes, peak))
+    xlakit.config.donate = True
+    state = sum(p.numel() * 4 * 3 for p in model.parameters())  # parameters + AdamW's two moments
+    print(f"\n### Memory of the AdamW step executable (MLP 4 x 1024; parameters + optimizer state "
+          f"{state / 2**20:.0f} MiB)\n\n| donation | inputs MiB | aliased MiB | peak MiB | peak / state |\n"
+          "|---|---|---|---|---|")
+    for donate, args, alias, peak in rows:
+        print(f"| {'on' if donate else 'off'} | {args / 2**20:.0f} | {alias / 2**20:.0f} | "
+              f"{peak / 2**20:.0f} | {peak / state:.2f} |")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
+    args = parser.parse_args()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}; "
+          "float32 matmul precision: highest")
+    torch.manual_seed(0)
+    if args.quick:
+        measure("MLP 2 x 64, batch 8, AdamW", mlp(64, 2), torch.randn(8, 64), torch.randn(8, 64), 3, True)
+        return
+    measure("MLP 4 x 1024, batch 64, AdamW", mlp(), torch.randn(64, 1024), torch.randn(64, 1024), 20, False)
+    measure("Transformer encoder 4 layers, d_model 256, seq 128, batch 16, AdamW", encoder(),
+            torch.randn(16, 128, 256), torch.randn(16, 128, 256), 5, True)
+    recompiles()
+    memory()
+
+
+if __name__ == "__main__":
+    main()
