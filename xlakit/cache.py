@@ -5,6 +5,7 @@ import collections
 import dataclasses
 import os
 import threading
+import warnings
 from pathlib import Path
 
 import jax
@@ -63,8 +64,15 @@ def enable_persistent_cache(path: str | None) -> str | None:
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)
+    try:
+        Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(path, 0o700)
+    except OSError as e:
+        warnings.warn(f"xlakit: cannot use {path!r} as the compilation cache ({e}); compiling without "
+                      "a disk cache. Set XLAKIT_CACHE_DIR to a writable directory, or empty to silence this.",
+                      stacklevel=2)
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", path)
     # Cache every executable: small graphs recompile as often as large ones.

@@ -143,6 +143,10 @@ class Engine:
                     # rest are computed, so one bad line loses nothing else.
                     failure = failure or error
                     targets = self._poison(targets, error)
+                except StepExecutionError as error:
+                    for t in targets:  # what this execution was to compute cannot be had
+                        t.fail(error)
+                    raise
             if failure is not None:
                 raise failure
             return executed
@@ -193,9 +197,7 @@ class Engine:
                                               next(iter(closest.graph_infos.values()))))
 
         t3 = time.perf_counter()
-        outputs = entry.compiled(*(p.array for p in graph.params))
-        if config.wait_for_execution:
-            jax.block_until_ready(outputs)
+        outputs = _run(entry, [p.array for p in graph.params], graph)
         execute_s = time.perf_counter() - t3
 
         donated = []
@@ -219,9 +221,7 @@ class Engine:
             entry.uses += 1
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
-            outputs = entry.compiled(*arrays)
-            if config.wait_for_execution:
-                jax.block_until_ready(outputs)
+            outputs = _run(entry, arrays, None)
             graph_info = next(iter(entry.graph_infos.values()))
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
                                 note="replay: inputs are not donated", source=source,
@@ -304,6 +304,25 @@ class Engine:
     def reset_metrics(self) -> None:
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
         self.records.clear()
+
+
+class StepExecutionError(RuntimeError):
+    """The device could not run a compiled step (out of memory, runtime fault)."""
+
+
+def _run(entry, arrays: list, graph: Graph | None):
+    try:
+        outputs = entry.compiled(*arrays)
+        if config.wait_for_execution:
+            jax.block_until_ready(outputs)
+        return outputs
+    except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
+        asked = ""
+        if graph is not None:
+            asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
+                     f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
+        raise StepExecutionError(f"xlakit: the device could not run this step: {e}.{asked} "
+                                 "The tensors it would have computed keep this error; others are intact.") from e
 
 
 def _depends_on(node: Node, target: Node) -> bool:
