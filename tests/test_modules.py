@@ -189,6 +189,15 @@ def test_random_ops_are_seeded_and_have_the_right_statistics(dev):
     torch.manual_seed(123)
     b = torch.rand(20000, device=dev)
     assert torch.equal(a.cpu(), b.cpu())
+    # without reseeding, every draw and every dropout mask is new (no key baked into an executable)
+    draws = []
+    for _ in range(3):
+        draws.append((torch.rand(64, device=dev) * 1, nn.functional.dropout(torch.ones(64, device=dev), 0.5)))
+        xlakit.mark_step()
+    for (r1, m1), (r2, m2) in zip(draws, draws[1:]):
+        assert not torch.equal(r1.cpu(), r2.cpu()) and not torch.equal(m1.cpu(), m2.cpu())
+    x = torch.ones(64, device=dev)
+    assert not torch.equal(x.clone().log_normal_().cpu(), x.clone().log_normal_().cpu())
     assert abs(a.mean().item() - 0.5) < 0.02
     kept = (d.cpu() != 0).float().mean().item()
     assert abs(kept - 0.75) < 0.02

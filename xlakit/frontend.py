@@ -403,12 +403,15 @@ def _record(func, args, kwargs):
 _SHAPE_ONLY_RANDOM = frozenset({"rand_like", "randn_like", "randint_like"})
 
 
+# Random ops whose schema has no generator argument.
+_RANDOM = _SHAPE_ONLY_RANDOM | {"rand", "randn", "randint", "randperm", "native_dropout"}
+
+
 def _is_random(func) -> bool:
     # torchax draws random numbers from a key fixed at trace time, so a cached
     # executable would repeat them: random ops run eagerly, seeded by torch.
-    return any(str(a.type) == "Generator?" for a in func._schema.arguments) or (
-        func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
-    )
+    return func._overloadpacket.__name__ in _RANDOM or any(
+        "Generator" in str(a.type) for a in func._schema.arguments)
 
 
 # -- eager fallback -----------------------------------------------------------

@@ -18,7 +18,7 @@ import warnings
 from .ir import Aval, Graph, Node
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "1"
+LOWERING_VERSION = "2"
 
 jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaults to 32 bits
 
@@ -188,7 +188,10 @@ def _fill_one(v, values):
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str):
     """Trace and lower to StableHLO; returns jax's Lowered object."""
-    fn = jax.jit(functools.partial(_replay, graph), donate_argnums=donors)
+    # keep_unused: every graph input stays an executable parameter, so the
+    # executable's signature is exactly the graph's (JAX would prune inputs
+    # that only lend their shape, e.g. to zeros_like)
+    fn = jax.jit(functools.partial(_replay, graph), donate_argnums=donors, keep_unused=True)
     with jax.default_matmul_precision(matmul_precision):
         return fn.lower(*(shape_dtype(a) for a in graph.param_avals))
 
