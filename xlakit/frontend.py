@@ -385,7 +385,7 @@ def _record(func, args, kwargs):
     except Exception as e:
         source = user_source()
         raise type(e)(f"{func}: {e}" + (f" (at {source})" if source else "")) from e
-    if not _op_info(func).lowerable:
+    if not _op_info(func).lowerable or id(func) in lowering.FAILED:
         return run_eagerly(func, args, kwargs, reason="no XLA lowering")
     source = user_source()
     float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),

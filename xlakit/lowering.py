@@ -114,14 +114,19 @@ def has_lowering(op) -> bool:
     return True
 
 
+# ids of ops whose lowering failed in this process: later calls run them eagerly
+FAILED: set[int] = set()
+
+
 class NodeLoweringError(RuntimeError):
     """torchax could not lower one node; `node` says which and where."""
 
     def __init__(self, node: Node, cause: BaseException):
+        FAILED.add(id(node.op))
         where = f" at {node.source}" if node.source else ""
         super().__init__(
             f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}. "
-            "Rewrite that line with other ops, or move the tensors to CPU for it."
+            "From now on this op runs eagerly on CPU; rerun the line (or step) that needs it."
         )
         self.node = node
 
