@@ -102,12 +102,18 @@ def donor(b):
     return _values(t1, t2)
 
 
-def save(b):
+def _pending_read_of_updated_buffer(b):
+    """t2 = t0 + t1 is pending when t1 is updated in place: (t1, t2)."""
     dev = b.device()
     t0, t1 = torch.tensor([1], device=dev), torch.tensor([2], device=dev)
     b.step()
     t2 = t0 + t1
     t1.add_(1)
+    return t1, t2
+
+
+def save(b):
+    t1, t2 = _pending_read_of_updated_buffer(b)
     with tempfile.TemporaryDirectory() as d:
         b.save(t1, os.path.join(d, "t1.pt"))
         b.step()
@@ -115,11 +121,7 @@ def save(b):
 
 
 def partial_sync(b):
-    dev = b.device()
-    t0, t1 = torch.tensor([1], device=dev), torch.tensor([2], device=dev)
-    b.step()
-    t2 = t0 + t1
-    t1.add_(1)
+    t1, t2 = _pending_read_of_updated_buffer(b)
     b.partial_sync([t1])
     b.step()
     return _values(t1, t2)
