@@ -35,6 +35,7 @@ lab: venv
 bench: venv
 	PJRT_DEVICE=CPU $(BIN)/python bench/tracing.py
 	$(BIN)/python bench/render.py
+	PJRT_DEVICE=CPU $(BIN)/python bench/training.py
 
 fuzz: venv
 	XLAKIT_FUZZ_EXAMPLES=$${XLAKIT_FUZZ_EXAMPLES:-2000} XLAKIT_FUZZ_RANDOM=1 $(BIN)/python -m pytest -q tests/test_fuzz.py

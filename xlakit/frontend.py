@@ -523,9 +523,7 @@ def _lazy_backend(op, *args, **kwargs):
     out = kwargs.get("out")
     if out is None and not _is_random(op) and lowering.has_lowering(op):
         return wrap(_dispatch(op, args, kwargs))
-    host_args = [torch.device("cpu") if isinstance(a, torch.device) and a.type == "lazy" else a for a in args]
-    host_kwargs = {k: (torch.device("cpu") if k == "device" and v is not None else v)
-                   for k, v in kwargs.items() if k != "out"}
+    host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
     if out is not None:
         op = _functional_variant(op)
     result = op(*host_args, **host_kwargs)
