@@ -194,7 +194,7 @@ class _OpInfo:
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
         self.lowerable = lowering.has_lowering(op) and not _is_random(op)
         self.decomposition = (torch._decomp.decomposition_table[op]
-                              if op.name() in lowering.DECOMPOSED else None)
+                              if lowering.op_name(op) in lowering.DECOMPOSED else None)
         self.functional = _functional_of_inplace(op)
         self.foreach = _per_tensor_of_foreach(op)
 

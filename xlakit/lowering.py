@@ -27,6 +27,8 @@ jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaul
 KNOWN_WRONG = frozenset({
     "aten::embedding_bag", "aten::_embedding_bag", "aten::polygamma", "aten::cauchy",
     "aten::exponential", "aten::normal", "aten::allclose",
+    # found by xlakit.opinfo: UPLO ignored; 0.07 off on 5x5 matrices
+    "aten::_linalg_eigh", "aten::linalg_matrix_exp",
 })
 
 _TORCH_TO_JAX = {
@@ -63,6 +65,7 @@ DECOMPOSED = frozenset({
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::native_batch_norm_backward", "aten::native_dropout",
+    "aten::norm",  # found by xlakit.opinfo: the Frobenius norm was far off
 })
 
 
@@ -95,17 +98,39 @@ def _max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padd
     return grad.reshape(input.shape)
 
 
+def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """torchax's lowering returns an unreduced array for a list of dims (found by
+    xlakit.opinfo); this is torch's definition."""
+    if dtype is not None:
+        x = x.astype(jax_dtype(dtype))
+    axis = None if not dim else tuple(d % x.ndim for d in dim)
+    magnitude = jnp.abs(x)
+    if ord == float("inf"):
+        return magnitude.max(axis=axis, keepdims=keepdim)
+    if ord == float("-inf"):
+        return magnitude.min(axis=axis, keepdims=keepdim)
+    if ord == 0:
+        return (x != 0).sum(axis=axis, keepdims=keepdim).astype(x.dtype)
+    return (magnitude ** ord).sum(axis=axis, keepdims=keepdim) ** (1.0 / ord)
+
+
 # Lowerings xlakit writes itself, on jax arrays, where torchax has none or a wrong one.
 OWN_LOWERINGS = {
     "aten::convolution_backward": _convolution_backward,
     "aten::max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
+    "aten::linalg_vector_norm": _linalg_vector_norm,
 }
 
 
+def op_name(op) -> str:
+    """'aten::norm' for every overload of norm (OpOverload.name() adds the overload)."""
+    return op._schema.name
+
+
 def has_lowering(op) -> bool:
-    if op.name() in OWN_LOWERINGS:
+    if op_name(op) in OWN_LOWERINGS:
         return True
-    if op.name() in KNOWN_WRONG:
+    if op_name(op) in KNOWN_WRONG:
         return False
     try:
         _env()._get_op_or_decomp(op)
@@ -139,7 +164,7 @@ def _replay(graph: Graph, *arrays):
     for node, wires in zip(graph.nodes, graph.wiring):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
         args, kwargs = fill(node.template, operands)
-        own = OWN_LOWERINGS.get(node.op.name())
+        own = OWN_LOWERINGS.get(op_name(node.op))
         try:
             if own is not None:
                 args, kwargs = env.t2j_iso((args, kwargs))
@@ -150,11 +175,15 @@ def _replay(graph: Graph, *arrays):
             raise NodeLoweringError(node, e) from e
         results = result if isinstance(result, (tuple, list)) else (result,)
         # torchax may return JAX's dtypes (int32 indices, promoted scalars):
-        # cast to the dtype torch's own meta kernel says the op returns.
-        outputs.append([
-            wrap(_as_jax(r).astype(jax_dtype(aval.dtype))) if aval is not None else None
-            for r, aval in zip(results, node.avals)
-        ])
+        # cast to the dtype torch's own meta kernel says the op returns. A wrong
+        # shape cannot be mended: the op fails, and runs eagerly from then on.
+        arrays = [None if aval is None else _as_jax(r) for r, aval in zip(results, node.avals)]
+        for array, aval in zip(arrays, node.avals):
+            if aval is not None and tuple(array.shape) != aval.shape:
+                raise NodeLoweringError(node, ValueError(
+                    f"torchax returned shape {tuple(array.shape)}, torch says {aval.shape}"))
+        outputs.append([None if a is None else wrap(a.astype(jax_dtype(aval.dtype)))
+                        for a, aval in zip(arrays, node.avals)])
     return tuple(outputs[n][i].jax() for n, i in graph.roots)
 
 
