@@ -8,6 +8,7 @@ import torch
 
 import xlakit
 from xlakit import dynamo
+from xlakit.notebook import graph_svg
 
 
 def messy(x):
@@ -53,6 +54,10 @@ def test_messy_function_counts_per_path():
     assert (compiled.graphs, compiled.breaks) == (5, 1)
     assert compiled.why == [f"FX graph 3: aten.angle.default (angle) fallback at {HERE}:{LINE + 6}"]
     assert report.partitions[3] == {"sub": 0, "angle": 1, "sum_1": 1, "sum_2": 1, "add": 1}
+    split_graph = graph_svg.to_svg(report.graphs[3])
+    assert split_graph.count('class="xlakit-node node split"') == 1 and "angle" in split_graph
+    assert "executable 1" in split_graph and 'stroke-dasharray' in split_graph
+    assert report.widget().children[1].options[3] == ("FX graph 3", 3)
 
     lazy = report.path("Lazy (xlakit engine)")
     assert (lazy.graphs, lazy.breaks) == (5, 4)

@@ -33,6 +33,7 @@ class BreakReport:
     paths: list[PathReport]
     ops_per_graph: list[list[str]]            # FX ops per Dynamo graph
     partitions: list[dict[str, int]]          # per FX graph: FX node -> executable it went to
+    graphs: list = dataclasses.field(default_factory=list)  # per FX graph: GraphInfo, splits marked
     note: str = "explain() ran the function once per path (on copies of its module and inputs)."
 
     def path(self, name: str) -> PathReport:
@@ -53,13 +54,40 @@ class BreakReport:
         return (f"<div>{html.escape(self.note)}</div><table class='xlakit-breaks'><tr><th>path</th>"
                 f"<th>graphs</th><th>breaks</th><th>where and why</th></tr>{rows}</table>")
 
+    def widget(self):
+        """The table, and a picker of FX graphs showing each one's nodes by
+        executable, with the split points outlined (dashed orange)."""
+        import ipywidgets
+
+        from .notebook.graph_svg import to_svg
+
+        view = ipywidgets.HTML()
+        picker = ipywidgets.Dropdown(options=[(f"FX graph {i}", i) for i in range(len(self.graphs))],
+                                     description="graph")
+
+        def show(change=None):
+            if self.graphs:
+                view.value = to_svg(self.graphs[picker.value])
+
+        picker.observe(show, names="value")
+        show()
+        return ipywidgets.VBox([ipywidgets.HTML(self._repr_html_()), picker, view])
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        try:
+            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
+        except ImportError:
+            pass
+        return bundle
+
 
 def explain(fn, *args, **kwargs) -> BreakReport:
     fx, ops = _dynamo_fx(fn, args, kwargs)
-    compiled, partitions = _dynamo_xlakit(fn, args, kwargs)
+    compiled, partitions, graphs = _dynamo_xlakit(fn, args, kwargs)
     paths = [fx, compiled, _lazy_xlakit(fn, args, kwargs)]
     paths += _torch_xla_paths(fn, args, kwargs)
-    return BreakReport(paths=paths, ops_per_graph=ops, partitions=partitions)
+    return BreakReport(paths=paths, ops_per_graph=ops, partitions=partitions, graphs=graphs)
 
 
 def _moved(fn, args, kwargs, device):
@@ -101,7 +129,7 @@ def _dynamo_xlakit(fn, args, kwargs):
            for g in graphs for s in g.splits]
     return (PathReport("Dynamo -> HLO (xlakit backend)", len(ENGINE.records) - before,
                        sum(len(g.splits) for g in graphs), why),
-            [g.partition for g in graphs])
+            [g.partition for g in graphs], [g.graph for g in graphs])
 
 
 def _lazy_xlakit(fn, args, kwargs):

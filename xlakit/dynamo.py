@@ -20,6 +20,7 @@ from . import transfer
 from .engine import ENGINE
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 from .ir import DeviceData
+from .record import GraphInfo, NodeInfo, ParamInfo
 
 
 @dataclasses.dataclass
@@ -42,6 +43,7 @@ class CompiledGraph:
     splits: list[Split]
     partition: dict[str, int]        # FX node name -> executable number it went to
     replays: bool                    # later calls replay one executable
+    graph: GraphInfo | None = None   # the FX graph, drawable: inputs, nodes by executable, splits marked
 
 
 # Every FX graph the backend compiled in this process, oldest first.
@@ -133,7 +135,27 @@ def _interpret(gm, inputs, record: CompiledGraph):
     lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
     execution = ENGINE.sync(lazy, trigger="dynamo") if lazy else None
     record.executables = len(ENGINE.records) - before
+    record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
+
+
+def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo:
+    """The FX graph as a GraphInfo: each node says which executable it went to."""
+    split_nodes = {s.node for s in record.splits}
+    params, nodes, where = [], [], {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            where[node.name] = len(params)
+            params.append(ParamInfo(aval=node.name, label=None, donated=False))
+        elif node.op == "call_function":
+            operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
+            where[node.name] = (len(nodes), 0)
+            nodes.append(NodeInfo(op=f"{node.name} {node.target}", operands=operands,
+                                  avals=(f"executable {record.partition.get(node.name, 0)}",),
+                                  source=_user_line(node), split=node.name in split_nodes))
+    outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
+                    if isinstance(where.get(a.name), tuple))
+    return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
 
 
 def _user_line(node: torch.fx.Node) -> str | None:

@@ -19,6 +19,7 @@ class NodeInfo:
     operands: tuple              # per operand: an int param index, or (node, output)
     avals: tuple[str, ...]
     source: str | None
+    split: bool = False          # the graph was cut here (an eager fallback or a sync)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,7 @@ class Box:
     source: str = ""           # third line: user source line
     donated: bool = False
     output: bool = False
-    fallback: bool = False
+    split: bool = False
     preds: set = dataclasses.field(default_factory=set)
 
 
@@ -54,8 +54,9 @@ def boxes_for(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> tuple[list[Box], 
         nodes = []
         for i, n in enumerate(graph.nodes):
             box = Box("node", f"%{i} {n.op.removeprefix('aten.').removesuffix('.default')}",
-                      ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{n.source or ''}",
-                      source=short_source(n.source), output=i in outputs)
+                      ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{n.source or ''}"
+                      + ("\nthe graph is split here" if n.split else ""),
+                      source=short_source(n.source), output=i in outputs, split=n.split)
             for w in n.operands:
                 box.preds.add(w if isinstance(w, int) else len(params) + w[0])
             nodes.append(box)
@@ -135,13 +136,14 @@ def to_svg(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> str:
     for i, b in enumerate(boxes):
         x, y = coords[i][0] + GAP_X, coords[i][1] + GAP_Y
         fill = {"param": "#e8f0fe", "node": "#ffffff", "group": "#f3f3f3"}[b.kind]
-        stroke = "#d93025" if b.donated else ("#188038" if b.output else "#5f6368")
-        width_px = 3 if (b.donated or b.output) else 1
+        stroke = "#d93025" if b.donated else ("#e37400" if b.split else ("#188038" if b.output else "#5f6368"))
+        width_px = 3 if (b.donated or b.output or b.split) else 1
+        dash = ' stroke-dasharray="6 3"' if b.split else ""
         classes = " ".join(c for c, on in (("xlakit-node", True), (b.kind, True), ("donated", b.donated),
-                                           ("output", b.output)) if on)
+                                           ("output", b.output), ("split", b.split)) if on)
         out.append(f'<g class="{classes}" data-index="{i}"><title>{html.escape(b.detail)}</title>'
                    f'<rect x="{x:.0f}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="4" fill="{fill}" '
-                   f'stroke="{stroke}" stroke-width="{width_px}"/>')
+                   f'stroke="{stroke}" stroke-width="{width_px}"{dash}/>')
         for k, text in enumerate((b.title, b.subtitle, b.source)):
             if text:
                 out.append(f'<text x="{x + 6:.0f}" y="{y + 14 + 13 * k:.0f}">{html.escape(text[:26])}</text>')
