@@ -24,7 +24,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 if not os.path.exists(CHROMIUM):
     print(f"test_browser: skipped, Chromium is not installed at {CHROMIUM} (Debian package 'chromium')")
     pytest.skip("Chromium is not installed (Debian package 'chromium')", allow_module_level=True)
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
+playwright_api = pytest.importorskip("playwright.sync_api")
+sync_playwright, PlaywrightTimeout = playwright_api.sync_playwright, playwright_api.TimeoutError
 
 
 def _free_port() -> int:
@@ -71,8 +72,16 @@ def test_quickstart_renders_the_step_widget(lab):
         page.goto(f"{url}/lab/tree/01_quickstart.ipynb?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        for attempt in range(3):  # the menu item is inert until the notebook has focus
+            page.locator(".jp-Notebook .jp-Cell").first.click()
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            try:  # the kernel turns busy once the cells run (stored prompts already say [1])
+                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=30_000)
+                break
+            except PlaywrightTimeout:
+                if attempt == 2:
+                    raise
         # three %%xla_step cells, each drawing its graph; then the final assert cell
         page.wait_for_function("document.querySelectorAll('svg.xlakit-graph').length >= 3", timeout=240_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
