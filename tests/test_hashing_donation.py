@@ -27,7 +27,8 @@ def test_donor_indices_are_in_the_key(dev):
     assert donating.components["graph"] == plain.components["graph"]
     assert donating.components["donors"] != plain.components["donors"]
     assert donating.key != plain.key
-    assert plain.cache == "miss" and plain.changed == ("donors",)
+    # not in memory (a disk-cache hit is fine: an earlier test may have compiled it)
+    assert plain.cache in ("miss", "persistent_hit") and plain.changed == ("donors",)
 
 
 def _save_scenario(dev, partial_sync):

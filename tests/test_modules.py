@@ -215,3 +215,17 @@ def test_op_without_lowering_falls_back_and_is_recorded(dev, monkeypatch):
     assert idx.cpu().tolist() == [[0], [2]]
     fallback = [r for r in xlakit.steps() if r.trigger == "fallback"]
     assert fallback and "aten.nonzero" in fallback[-1].source and "test_modules.py" in fallback[-1].source
+
+
+def test_gradients_do_not_keep_view_bases_alive(dev):
+    # a Linear weight's gradient is the transpose of a matmul; materializing its
+    # base too would double the step's outputs (and its execution time)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(3, 4).to(dev)
+    xlakit.mark_step()
+    model(x).sum().backward()
+    opt.step()
+    xlakit.mark_step()
+    assert xlakit.last_step().num_outputs == 8  # 4 parameters, 4 gradients

@@ -5,11 +5,11 @@ __version__ = "0.1.0"
 
 import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
 
+from . import modules  # noqa: F401  - registers the module hook
 from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
 from .config import config
 from .labels import label
 from .record import StepRecord
-
 
 
 def explain(fn, *args, **kwargs):

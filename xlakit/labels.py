@@ -6,9 +6,6 @@ before every step marker.
 """
 from __future__ import annotations
 
-import warnings
-import weakref
-
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakTensorKeyDictionary
@@ -17,7 +14,6 @@ from .engine import ENGINE
 from .frontend import DEVICE, unwrap
 
 _NAMES = WeakTensorKeyDictionary()
-_NAMED_MODULES: weakref.WeakSet = weakref.WeakSet()  # not ids: ids of dead modules are reused
 
 
 def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
@@ -28,8 +24,9 @@ def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor
 
 
-def name_of(tensor: torch.Tensor) -> str | None:
-    return _NAMES.get(tensor)
+def name_if_unnamed(tensor: torch.Tensor, name: str) -> None:
+    if tensor not in _NAMES:
+        _NAMES[tensor] = name
 
 
 def _stamp_labels() -> None:
@@ -38,16 +35,6 @@ def _stamp_labels() -> None:
         value.label = name
         if value.data is not None and value.data.label is None:
             value.data.label = name
-
-
-def _label_module(module: torch.nn.Module, args) -> None:
-    # The outermost module runs its pre-hook first, so names are relative to it.
-    if torch.compiler.is_compiling() or module in _NAMED_MODULES:
-        return
-    _NAMED_MODULES.add(module)
-    for name, t in (*module.named_parameters(), *module.named_buffers()):
-        if t.device == DEVICE and t not in _NAMES:
-            _NAMES[t] = name
 
 
 def _label_optimizer_state(optimizer, args, kwargs) -> None:
@@ -61,8 +48,4 @@ def _label_optimizer_state(optimizer, args, kwargs) -> None:
 
 
 ENGINE.before_step.append(_stamp_labels)
-# torch.compile warns that global module hooks fire once more for its wrapper
-# module; ours is idempotent, so that is harmless.
-warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-torch.nn.modules.module.register_module_forward_pre_hook(_label_module)
 register_optimizer_step_post_hook(_label_optimizer_state)

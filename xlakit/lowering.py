@@ -7,13 +7,13 @@ of our own, only route around the ones known to be wrong.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
 import torch
 import torchax
 import torchax.tensor
-import warnings
 
 from .ir import Aval, Graph, Node
 
