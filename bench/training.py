@@ -127,6 +127,15 @@ def measure(name, model, x, y, steps, quick):
             rows[peer] = timed(step, sync, steps, warmup=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not hidden
             rows[peer] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+    import gc
+
+    import xlakit
+
+    gc.collect()  # the peers' tensors are garbage now; a failed peer must not leak into the next workload
+    try:
+        xlakit.mark_step()
+    except Exception:  # noqa: BLE001 - its error was reported in its row
+        pass
     floor = rows["jax.jit (donating)"]
     print(f"\n### {name}: median ms/step (ratio to jax.jit)\n\n| peer | ms/step | × jax.jit |\n|---|---|---|")
     for peer, ms in rows.items():

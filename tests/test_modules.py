@@ -90,11 +90,12 @@ def test_donation_entries_name_module_parameters(dev):
     assert labels == ["0.bias", "0.weight", "2.bias", "2.weight"]
 
 
-def test_transformer_encoder_forward_backward_matches_eager(dev):
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_transformer_encoder_forward_backward_matches_eager(dev, train):
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0,
                                        batch_first=True)
-    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    model = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).train(train)
     lazy_model = copy.deepcopy(model).to(dev)
     x = torch.randn(2, 10, 64)
     out = model(x)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .engine import ENGINE
-from .frontend import device, unwrap, user_source
+from .frontend import device, unwrap, user_source_str
 from .record import StepRecord
 
 __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics", "reset_metrics",
@@ -13,21 +13,21 @@ __all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics
 
 def mark_step() -> None:
     """Step marker: compute all pending work of all live tensors; may donate."""
-    ENGINE.sync(trigger="mark_step", source=_caller())
+    ENGINE.sync(trigger="mark_step", source=user_source_str())
 
 
 def sync(tensors=None) -> None:
     """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
     if tensors is None:
-        ENGINE.sync(trigger="sync", source=_caller())
+        ENGINE.sync(trigger="sync", source=user_source_str())
     else:
-        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=_caller())
+        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=user_source_str())
 
 
 def save(obj, path) -> None:
     """Like torch.save, with CPU copies; a partial sync that never donates."""
     lazy = _lazy_tensors(obj)
-    ENGINE.sync(lazy, trigger="save", source=_caller())
+    ENGINE.sync(lazy, trigger="save", source=user_source_str())
     torch.save(_to_cpu(obj), path)
 
 
@@ -81,8 +81,3 @@ def _to_cpu(obj):
     if isinstance(obj, (list, tuple)):
         return type(obj)(_to_cpu(v) for v in obj)
     return obj
-
-
-def _caller() -> str | None:
-    source = user_source()
-    return str(source) if source else None

@@ -162,13 +162,13 @@ class Engine:
                 healthy.append(t)
         return healthy
 
-    def _execute(self, targets, live, *, full: bool, trigger: str, source: str | None) -> None:
-        roots, seen = [], {}
+    def _execute(self, targets, live, *, full: bool, trigger: str, source: str | None):
+        """Compute `targets` in one executable; returns (cache entry, graph)."""
+        roots, seen = [], set()
         for t in targets:
-            value = (t.node, t.index)
-            if (id(value[0]), value[1]) not in seen:
-                seen[(id(value[0]), value[1])] = len(roots)
-                roots.append(value)
+            if (id(t.node), t.index) not in seen:
+                seen.add((id(t.node), t.index))
+                roots.append((t.node, t.index))
         graph = build_graph(roots)
         for p in graph.params:
             if p.donated:

@@ -92,7 +92,7 @@ def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
 
 def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
     state = inner._state
-    ENGINE.sync([state], trigger=trigger, source=_user_source_str())
+    ENGINE.sync([state], trigger=trigger, source=user_source_str())
     return transfer.to_host(state.computed().array, inner.dtype)
 
 
@@ -110,7 +110,8 @@ _IS_LIBRARY: dict[str, bool] = {}
 
 
 def user_source() -> Source | None:
-    """The innermost frame outside torch, torchax, xlakit and the stdlib's contextlib."""
+    """The innermost frame outside xlakit, installed packages and the standard
+    library ("<string>" too: code that torch and Python generate)."""
     frame = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
@@ -123,7 +124,7 @@ def user_source() -> Source | None:
     return None
 
 
-def _user_source_str() -> str | None:
+def user_source_str() -> str | None:
     source = user_source()
     return str(source) if source else None
 
