@@ -42,6 +42,7 @@ def test_metadata_only_change_is_a_hit_with_changed_metadata(shell):
     texts, _, _ = run(shell, "%%xla_step --name meta\nz = torch.arange(6.0).to(dev)\n\n# moved down\nw = z.sin() * 3")
     assert "cache hit" in texts[0]
     assert re.search(r"metadata \w+ \(not in key\)\s+\*changed\*", texts[0])
+    assert re.search(r"hit rate so far</td><td>\d+%", run(shell, "%%xla_step\nw2 = z.sin() * 3")[1][0])
     assert "*changed*" not in texts[0].split("metadata")[0]
 
 

@@ -21,7 +21,7 @@ from .ir import Aval, DeviceData, Graph, Node, build_graph
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
-             "executions", "donated_buffers", "donated_bytes")
+             "executions", "donated_buffers", "donated_bytes", "fallbacks")
 
 # JAX warns when a donated buffer cannot be aliased to an output; the plan only
 # donates buffers with a same-shaped output, so the warning is noise.
@@ -240,7 +240,8 @@ class Engine:
             num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
-            cache_entries=len(self.cache),
+            cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
+                1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
         self.step_index += 1
         self.trace_seconds = 0.0

@@ -428,6 +428,7 @@ def run_eagerly(func, args, kwargs, *, reason: str):
             f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
             "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
         )
+    ENGINE.counters["fallbacks"] += 1
     if func not in _WARNED:
         _WARNED.add(func)
         warnings.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.",

@@ -62,6 +62,7 @@ class StepRecord:
     why: tuple[str, ...] = ()       # on a miss: what differs, in words ("input 0 now f32[3], was f32[4]")
     uses: int = 1                   # how many times this executable has run, this one included
     cache_entries: int = 0          # executables in the in-memory cache after this step
+    hit_rate: float = 0.0           # in-memory cache hits / lookups so far, this one included
     hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
     backend: str = "xlakit"         # "xlakit", or "torch_xla" for records of the real torch_xla executor
     donation_note: str = ""         # why nothing (or not more) was donated

@@ -140,7 +140,8 @@ def timing_table(record: StepRecord) -> str:
     t = record.timings
     rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
             ("compile", _ms(t.compile)), ("execute", _ms(t.execute)),
-            ("executables cached", str(record.cache_entries))]
+            ("executables cached", str(record.cache_entries)),
+            ("hit rate so far", f"{record.hit_rate:.0%}" if record.backend == "xlakit" else "unknown")]
     return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
         + "</table>"
 
