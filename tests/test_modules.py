@@ -81,13 +81,13 @@ def test_donation_entries_name_module_parameters(dev):
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(3, 4).to(dev)
-    for _ in range(2):
+    for _ in range(2):  # the first step too: its buffers came from model.to()
         opt.zero_grad()
         model(x).sum().backward()
         opt.step()
         xlakit.mark_step()
-    labels = sorted(d.label for d in xlakit.last_step().donated)
-    assert labels == ["0.bias", "0.weight", "2.bias", "2.weight"]
+        labels = sorted(d.label for d in xlakit.last_step().donated)
+        assert labels == ["0.bias", "0.weight", "2.bias", "2.weight"]
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])

@@ -25,16 +25,23 @@ def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def name_if_unnamed(tensor: torch.Tensor, name: str) -> None:
+    """Name a tensor that has no name yet, and its current value right away (a
+    step may donate that buffer before the next stamp)."""
     if tensor not in _NAMES:
         _NAMES[tensor] = name
+        _stamp(tensor, name)
+
+
+def _stamp(tensor: torch.Tensor, name: str) -> None:
+    value = unwrap(tensor)._state
+    value.label = name
+    if value.data is not None and value.data.label is None:
+        value.data.label = name
 
 
 def _stamp_labels() -> None:
     for tensor, name in list(_NAMES.items()):
-        value = unwrap(tensor)._state
-        value.label = name
-        if value.data is not None and value.data.label is None:
-            value.data.label = name
+        _stamp(tensor, name)
 
 
 def _label_optimizer_state(optimizer, args, kwargs) -> None:
