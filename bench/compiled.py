@@ -10,27 +10,17 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 import torch  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 CALLS = 200
 
 
 def per_call_us(call, wait) -> float:
-    for _ in range(20):
-        call()
-    wait()
-    times = []
-    for _ in range(CALLS):
-        t0 = time.perf_counter()
-        call()
-        wait()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+    return median_seconds(call, wait, repeats=CALLS, warmup=20) * 1e6
 
 
 def main():

@@ -12,8 +12,6 @@ import argparse
 import copy
 import os
 import platform
-import statistics
-import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -21,6 +19,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+from timing import median_seconds  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -39,16 +38,7 @@ def encoder(d=256, layers=4):
 
 
 def timed(step, sync, steps, warmup):
-    for _ in range(warmup):
-        step()
-    sync()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return median_seconds(step, sync, repeats=steps, warmup=warmup) * 1e3
 
 
 def torch_peer(model, x, y, device, after_step=lambda: None, wrap=lambda m: m):

@@ -1,0 +1,13 @@
+"""Keep the benchmark harness working: each script once, tiny. No timing is asserted."""
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def test_training_benchmark_runs_quick():
+    done = subprocess.run([sys.executable, str(BENCH / "training.py"), "--quick"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
