@@ -11,7 +11,7 @@ pytest.importorskip("expecttest")  # torch.testing's OpInfo database needs it
 OPS = ["add", "sub", "mul", "div", "matmul", "mm", "bmm", "addmm", "sum", "mean", "amax", "argmax",
        "softmax", "log_softmax", "exp", "tanh", "sigmoid", "relu", "where", "cat", "stack", "transpose",
        "permute", "index_select", "gather", "scatter", "masked_fill", "clamp", "norm", "linalg.vector_norm",
-       "linalg.eigh", "matrix_exp", "nn.functional.conv2d", "nn.functional.layer_norm", "cumsum", "topk",
+       "linalg.eigh", "linalg.pinv", "matrix_exp", "nn.functional.conv2d", "nn.functional.layer_norm", "cumsum", "topk",
        "sort", "nonzero", "angle"]
 
 
