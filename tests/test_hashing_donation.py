@@ -162,3 +162,15 @@ def test_training_loop_donates_every_updated_parameter(dev):
     for p in model.parameters():
         assert torch.isfinite(p.cpu()).all()
     assert xlakit.last_step().cache == "hit"
+
+
+def test_only_the_newest_records_are_kept(dev, monkeypatch):
+    monkeypatch.setattr(xlakit.config, "record_limit", 3)
+    w = torch.ones(4).to(dev)
+    for _ in range(5):
+        w.mul_(2)
+        xlakit.mark_step()
+    kept = xlakit.steps()
+    assert len(kept) == 3 and kept[-1] is xlakit.last_step()
+    assert [r.index for r in kept] == [kept[0].index, kept[0].index + 1, kept[0].index + 2]
+    assert w.cpu().tolist() == [32.0] * 4

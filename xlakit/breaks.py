@@ -122,12 +122,12 @@ def _dynamo_fx(fn, args, kwargs):
 def _dynamo_xlakit(fn, args, kwargs):
     torch._dynamo.reset()
     f, a, k = _moved(fn, args, kwargs, "cpu")
-    first, before = len(dynamo.COMPILED), len(ENGINE.records)
+    first, before = len(dynamo.COMPILED), ENGINE.step_index
     torch.compile(f, backend="xlakit")(*a, **k)
     graphs = dynamo.COMPILED[first:]
     why = [f"FX graph {g.index - first}: {s.op} ({s.node}) {s.reason} at {s.source or '?'}"
            for g in graphs for s in g.splits]
-    return (PathReport("Dynamo -> HLO (xlakit backend)", len(ENGINE.records) - before,
+    return (PathReport("Dynamo -> HLO (xlakit backend)", ENGINE.step_index - before,
                        sum(len(g.splits) for g in graphs), why),
             [g.partition for g in graphs], [g.graph for g in graphs])
 
@@ -136,11 +136,11 @@ def _lazy_xlakit(fn, args, kwargs):
     f, a, k = _moved(fn, args, kwargs, DEVICE)
     from . import api
 
-    before = len(ENGINE.records)
+    before = ENGINE.step_index
     out = f(*a, **k)  # kept alive through the step marker, or nothing is left to compute
     api.mark_step()
     del out
-    records = ENGINE.records[before:]
+    records = ENGINE.records_since(before)
     implicit = [r for r in records if r.trigger not in ("mark_step", "sync")]
     why = [f"{r.trigger} at {short_source(r.source) or '?'}" for r in implicit]
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)

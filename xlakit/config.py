@@ -16,6 +16,8 @@ class Config:
     # Wait for each execution to finish, so StepRecord.timings.execute is its
     # real duration; off lets tracing of the next step overlap execution.
     wait_for_execution: bool = True
+    # StepRecords kept in memory (xlakit.steps()); older ones are dropped.
+    record_limit: int = int(os.environ.get("XLAKIT_RECORD_LIMIT", "10000"))
 
 
 config = Config()

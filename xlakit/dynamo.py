@@ -111,7 +111,7 @@ def _interpret(gm, inputs, record: CompiledGraph):
     value before that execution."""
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
-    before = len(ENGINE.records)
+    before = ENGINE.step_index
     env: dict = {}
     placeholders = iter(lazy_inputs)
     outputs = None
@@ -120,12 +120,12 @@ def _interpret(gm, inputs, record: CompiledGraph):
             env[node.name] = next(placeholders)
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-            executions_before = len(ENGINE.records)
+            executions_before = ENGINE.step_index
             env[node.name] = node.target(*args, **kwargs)
-            if len(ENGINE.records) > executions_before:  # this node forced an execution: a split
+            if ENGINE.step_index > executions_before:  # this node forced an execution: a split
                 last = ENGINE.records[-1]
                 record.splits.append(Split(node.name, str(node.target), last.trigger, _user_line(node)))
-            record.partition[node.name] = len(ENGINE.records) - before
+            record.partition[node.name] = ENGINE.step_index - before
         elif node.op == "get_attr":
             env[node.name] = _to_lazy(getattr(gm, node.target))
         elif node.op == "output":
@@ -134,7 +134,7 @@ def _interpret(gm, inputs, record: CompiledGraph):
     output_values = [_pending_or_data(o) for o in flat]
     lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
     execution = ENGINE.sync(lazy, trigger="dynamo") if lazy else None
-    record.executables = len(ENGINE.records) - before
+    record.executables = ENGINE.step_index - before
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
 

@@ -89,7 +89,8 @@ class Engine:
         self.cache = cache_mod.ExecutableCache(config.cache_size)
         self.cache_dir = cache_mod.enable_persistent_cache(cache_mod.default_cache_dir())
         self.persistent_hits = cache_mod.PersistentHits()
-        self.records: list[StepRecord] = []
+        # the newest records; a long training run must not grow memory without bound
+        self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
         self.trace_seconds = 0.0
         self.step_index = 0
@@ -231,6 +232,8 @@ class Engine:
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,
                        donated: tuple, timings: Timings, note: str, source: str | None,
                        changed: tuple = (), why: tuple = ()) -> None:
+        if self.records.maxlen != config.record_limit:
+            self.records = collections.deque(self.records, maxlen=config.record_limit)
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
@@ -301,6 +304,10 @@ class Engine:
     # -- counters -----------------------------------------------------------
     def metrics(self) -> dict[str, int]:
         return dict(self.counters)
+
+    def records_since(self, index: int) -> list[StepRecord]:
+        """Records of executions numbered `index` or later (still kept)."""
+        return [r for r in self.records if r.index >= index]
 
     def reset_metrics(self) -> None:
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
