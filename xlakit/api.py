@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .engine import ENGINE
 from .frontend import device, unwrap, user_source_str
@@ -59,25 +60,8 @@ def _is_lazy(t) -> bool:
 
 
 def _lazy_tensors(obj) -> list:
-    return [unwrap(t)._state for t in _tensors(obj) if _is_lazy(t)]
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
+    return [unwrap(t)._state for t in tree_leaves(obj) if _is_lazy(t)]
 
 
 def _to_cpu(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.cpu() if _is_lazy(obj) else obj
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_cpu(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
+    return tree_map_only(torch.Tensor, lambda t: t.cpu() if _is_lazy(t) else t, obj)

@@ -13,6 +13,7 @@ import dataclasses
 import html
 
 import torch
+from torch.utils._pytree import tree_map_only
 
 from . import dynamo
 from .engine import ENGINE
@@ -92,18 +93,11 @@ def explain(fn, *args, **kwargs) -> BreakReport:
 
 def _moved(fn, args, kwargs, device):
     """Copies of fn (if a module) and of the tensor arguments, on `device`."""
-    def move(v):
-        if isinstance(v, torch.Tensor):
-            return v.detach().clone().to(device).requires_grad_(v.requires_grad)
-        if isinstance(v, (list, tuple)):
-            return type(v)(move(x) for x in v)
-        if isinstance(v, dict):
-            return {k: move(x) for k, x in v.items()}
-        return v
-
     if isinstance(fn, torch.nn.Module):
         fn = copy.deepcopy(fn).to(device)
-    return fn, move(args), move(kwargs)
+    moved = tree_map_only(torch.Tensor, lambda t: t.detach().clone().to(device).requires_grad_(t.requires_grad),
+                          (args, kwargs))
+    return fn, *moved
 
 
 def _dynamo_fx(fn, args, kwargs):

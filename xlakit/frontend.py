@@ -308,11 +308,12 @@ def _to_meta(v):
 _CPU_INDICES_OK = frozenset({"index", "index_put", "_index_put_impl"})
 
 
-def _operand(value, func, source):
+def _operand(value, func, source, float_dtype: torch.dtype):
+    """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
         return value._state.operand()
     if isinstance(value, float):
-        return _lifted_scalar(value, torch.get_default_dtype())
+        return _lifted_scalar(value, float_dtype)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
     if value.dim() == 0 or func._overloadpacket.__name__ in _CPU_INDICES_OK:
         data = from_host(value)._state.data
@@ -370,9 +371,9 @@ def _mutate(func, functional, args, kwargs):
 
 def _record(func, args, kwargs):
     """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
-    decomposition = _op_info(func).decomposition
-    if decomposition is not None:
-        return decomposition(*args, **kwargs)
+    info = _op_info(func)
+    if info.decomposition is not None:
+        return info.decomposition(*args, **kwargs)
     if func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
         # input's shape alone: nothing to sync, no graph split
@@ -386,15 +387,12 @@ def _record(func, args, kwargs):
     except Exception as e:
         source = user_source()
         raise type(e)(f"{func}: {e}" + (f" (at {source})" if source else "")) from e
-    if not _op_info(func).lowerable or id(func) in lowering.FAILED:
+    if not info.lowerable or id(func) in lowering.FAILED:
         return run_eagerly(func, args, kwargs, reason="no XLA lowering")
     source = user_source()
     float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
                        torch.get_default_dtype())
-    operands = tuple(
-        _lifted_scalar(t, float_dtype) if isinstance(t, float) else _operand(t, func, source)
-        for t in tensors
-    )
+    operands = tuple(_operand(t, func, source, float_dtype) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
     outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
@@ -523,7 +521,7 @@ def _lazy_backend(op, *args, **kwargs):
             value = value.expand(dst.shape)
         return _replace(dst, from_host(value))
     out = kwargs.get("out")
-    if out is None and not _is_random(op) and lowering.has_lowering(op):
+    if out is None and _op_info(op).lowerable:
         return wrap(_dispatch(op, args, kwargs))
     host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
     if out is not None:
