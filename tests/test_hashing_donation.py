@@ -7,6 +7,7 @@ import textwrap
 import torch
 
 import xlakit
+from xlakit import frontend
 
 
 def test_donor_indices_are_in_the_key(dev):
@@ -174,3 +175,29 @@ def test_only_the_newest_records_are_kept(dev, monkeypatch):
     assert len(kept) == 3 and kept[-1] is xlakit.last_step()
     assert [r.index for r in kept] == [kept[0].index, kept[0].index + 1, kept[0].index + 2]
     assert w.cpu().tolist() == [32.0] * 4
+
+
+def _buffer_address(t: torch.Tensor) -> int:
+    return frontend.unwrap(t)._state.computed().array.unsafe_buffer_pointer()
+
+
+def test_each_donor_is_updated_in_place(dev):
+    # A donor handed to another output (a gradient, another layer's weight) makes
+    # XLA copy it before the step; a parameter must keep its own buffer.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16).to(dev), torch.randn(8, 16).to(dev)
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        xlakit.mark_step()
+
+    step()
+    state = [*model.parameters(), *(s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq"))]
+    before = [_buffer_address(t) for t in state]
+    step()
+    assert len(xlakit.last_step().donated) == len(state)
+    assert [_buffer_address(t) for t in state] == before
