@@ -14,6 +14,10 @@ CASES = {
     "broadcasting": lambda a, b: (a + b[0], a * b[:, :1], a - 2.5),
     "indexing": lambda a, b: (a[1], a[:, 1:3], a[a > 0], a[torch.tensor([0, 2])]),
     "int_dtypes": lambda a, b: ((a * 10).long() // 3, (a * 10).int() + 1, torch.arange(5) * 2),
+    "addcmul_addcdiv": lambda a, b: (
+        torch.addcmul(a, a, b, value=0.3), torch.addcdiv(a, a, b.abs() + 1, value=-2),
+        a.clone().addcmul_(b, b[0], value=0.7), torch.addcmul(a.double(), a, b),
+        torch.addcmul((a * 9).long(), (a * 9).long(), (b * 9).long(), value=3)),
     "cat_stack": lambda a, b: (torch.cat([a, b]), torch.stack([a, b]).transpose(0, 2)),
 }
 

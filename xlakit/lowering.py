@@ -58,11 +58,10 @@ def _env() -> torchax.tensor.Environment:
 
 # torchax's lowerings of these are missing, wrong or reject traced scalars
 # (measured: batch norm updates running_var with the biased variance;
-# native_layer_norm_backward has the wrong arity; addcmul/addcdiv need Python
-# numbers). The frontend replaces them, at record time, by PyTorch's own
+# native_layer_norm_backward has the wrong arity). The frontend replaces them, at record time, by PyTorch's own
 # decompositions into simpler aten ops.
 DECOMPOSED = frozenset({
-    "aten::addcmul", "aten::addcdiv", "aten::native_layer_norm_backward",
+    "aten::native_layer_norm_backward",
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
     "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
     "aten::native_batch_norm_backward", "aten::native_dropout",
@@ -117,11 +116,26 @@ def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     return (magnitude ** ord).sum(axis=axis, keepdims=keepdim) ** (1.0 / ord)
 
 
+def _pointwise_with_value(combine):
+    """addcmul / addcdiv: torchax needs `value` as a Python number, but xlakit
+    lifts it to a 0-d input (a new learning rate must not recompile). Computed
+    as torch does, in the operands' promoted dtype with `value` cast to it.
+    (PyTorch's own decomposition works too, but costs ~50 µs of Python per call
+    at record time: most of an AdamW step's tracing.)"""
+    def lowering(self, tensor1, tensor2, *, value=1):
+        dtype = jnp.result_type(self, tensor1, tensor2)
+        value = jnp.asarray(value).astype(dtype)
+        return self.astype(dtype) + value * combine(tensor1.astype(dtype), tensor2.astype(dtype))
+    return lowering
+
+
 # Lowerings xlakit writes itself, on jax arrays, where torchax has none or a wrong one.
 OWN_LOWERINGS = {
     "aten::convolution_backward": _convolution_backward,
     "aten::max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
     "aten::linalg_vector_norm": _linalg_vector_norm,
+    "aten::addcmul": _pointwise_with_value(jnp.multiply),
+    "aten::addcdiv": _pointwise_with_value(jnp.divide),
 }
 
 
