@@ -201,3 +201,19 @@ def test_each_donor_is_updated_in_place(dev):
     step()
     assert len(xlakit.last_step().donated) == len(state)
     assert [_buffer_address(t) for t in state] == before
+
+
+def test_steps_dispatched_ahead_agree_with_eager(dev, monkeypatch):
+    # Tracing runs ahead of execution; every read still sees its own step's values.
+    monkeypatch.setattr(xlakit.config, "wait_for_execution", False)
+    w, w_eager = torch.ones(64, 64).to(dev), torch.ones(64, 64)
+    seen, seen_eager = [], []
+    for i in range(6):
+        for t, out in ((w, seen), (w_eager, seen_eager)):
+            t.mul_(1.01).add_(t @ t.T * 1e-4)
+            if i % 2:
+                out.append(t.sum().item())
+        xlakit.mark_step()
+    xlakit.wait()
+    torch.testing.assert_close(seen, seen_eager, rtol=1e-5, atol=0)
+    torch.testing.assert_close(w.cpu(), w_eager, rtol=1e-5, atol=0)

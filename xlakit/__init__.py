@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
 
 from . import modules  # noqa: F401  - registers the module hook
-from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync
+from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
 from .config import config
 from .labels import label
 from .record import StepRecord
@@ -27,5 +27,5 @@ def load_ipython_extension(ipython) -> None:
     load(ipython)
 
 
-__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "metrics",
            "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord"]

@@ -8,7 +8,7 @@ from .engine import ENGINE
 from .frontend import device, unwrap, user_source_str
 from .record import StepRecord
 
-__all__ = ["device", "mark_step", "sync", "save", "steps", "last_step", "metrics", "reset_metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "metrics", "reset_metrics",
            "clear_cache"]
 
 
@@ -23,6 +23,13 @@ def sync(tensors=None) -> None:
         ENGINE.sync(trigger="sync", source=user_source_str())
     else:
         ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=user_source_str())
+
+
+def wait() -> None:
+    """Block until every dispatched step has finished executing. Only needed
+    with `config.wait_for_execution = False` (tracing the next step while the
+    device runs this one), e.g. to time steps or before reading StepRecords."""
+    ENGINE.wait()
 
 
 def save(obj, path) -> None:

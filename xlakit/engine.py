@@ -15,7 +15,7 @@ import jax
 import torch
 
 from . import cache as cache_mod
-from . import keys, lowering
+from . import keys, lowering, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, build_graph
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
@@ -62,6 +62,8 @@ class LiveValue:
     def computed(self) -> DeviceData:
         self.check_usable()
         self.resolve()
+        if ENGINE.in_flight:  # executions may run ahead: a fault shows here, as a clear error
+            ENGINE.wait()
         if self.data is None:
             raise RuntimeError("xlakit internal error: value read before it was computed")
         return self.data
@@ -95,6 +97,10 @@ class Engine:
         self.trace_seconds = 0.0
         self.step_index = 0
         self.lock = threading.RLock()
+        self._warned_eager: set[int] = set()  # ops whose failed lowering was announced
+        # outputs of the newest execution; executions finish in order, so
+        # waiting for these waits for all (config.wait_for_execution=False)
+        self.in_flight: list = []
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
@@ -134,25 +140,60 @@ class Engine:
             targets = [t for t in targets if t.node is not None]
             if not targets:
                 return None
-            failure, executed = None, None
-            while targets:
-                try:
-                    executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
-                    break
-                except lowering.NodeLoweringError as error:
-                    # The tensors that need the failed node keep the error; the
-                    # rest are computed, so one bad line loses nothing else.
-                    failure = failure or error
-                    targets = self._poison(targets, error)
-                except StepExecutionError as error:
-                    for t in targets:  # what this execution was to compute cannot be had
-                        t.fail(error)
-                    raise
-            if failure is not None:
-                raise failure
-            return executed
+            return self._compute(targets, live, full=full, trigger=trigger, source=source)
 
-    def _poison(self, targets, error: lowering.NodeLoweringError) -> list:
+    def _compute(self, targets, live, *, full: bool, trigger: str, source: str | None):
+        failure, executed = None, None
+        while targets:
+            try:
+                executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
+                break
+            except lowering.NodeLoweringError as error:
+                if not config.strict_lowering:
+                    try:
+                        self._compute_eagerly(error.node, live, error.cause)
+                        continue  # the node has its results now: the same targets again
+                    except Exception as eager_error:  # noqa: BLE001 - the node's dependents keep it
+                        error = lowering.NodeFailedError(error.node, eager_error)
+                # The tensors that need the failed node keep the error; the
+                # rest are computed, so one bad line loses nothing else.
+                failure = failure or error
+                targets = self._poison(targets, error)
+            except StepExecutionError as error:
+                for t in targets:  # what this execution was to compute cannot be had
+                    t.fail(error)
+                raise
+        if failure is not None:
+            raise failure
+        return executed
+
+    def _compute_eagerly(self, node: Node, live, cause: BaseException) -> None:
+        """Compute one node that could not be lowered with eager torch on CPU
+        (its pending operands first, by a partial sync), as the frontend's
+        fallback would have; the step then goes on without it."""
+        where = f" at {node.source}" if node.source else ""
+        if id(node.op) not in self._warned_eager:
+            self._warned_eager.add(id(node.op))
+            warnings.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {cause}){where}; "
+                          "this splits the graph.", stacklevel=4)
+        pending = {}
+        for operand in node.operands:
+            if operand.__class__ is tuple and (operand[0].results is None or operand[0].results[operand[1]] is None):
+                n, i = operand
+                pending[(id(n), i)] = LiveValue(n.avals[i], n, i, None)
+        if pending:
+            self._compute(list(pending.values()), live, full=False, trigger="fallback",
+                          source=f"{node.op}{where}")
+        host = []
+        for operand in node.operands:
+            data = operand if operand.__class__ is not tuple else operand[0].results[operand[1]]
+            host.append(transfer.to_host(data.array, data.aval.dtype))
+        outputs = lowering.run_on_cpu(node, host)
+        node.results = [None if out is None else DeviceData(transfer.to_device(out), aval)
+                        for out, aval in zip(outputs, node.avals)]
+        self.counters["fallbacks"] += 1
+
+    def _poison(self, targets, error) -> list:
         """Mark the tensors that depend on the failed node; return the others."""
         bad = error.node
         healthy = []
@@ -204,7 +245,7 @@ class Engine:
                                               next(iter(closest.graph_infos.values()))))
 
         t3 = time.perf_counter()
-        outputs = _run(entry, [p.array for p in graph.params], graph)
+        outputs = self._run(entry, [p.array for p in graph.params], graph)
         execute_s = time.perf_counter() - t3
 
         donated = []
@@ -228,7 +269,7 @@ class Engine:
             entry.uses += 1
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
-            outputs = _run(entry, arrays, None)
+            outputs = self._run(entry, arrays, None)
             graph_info = next(iter(entry.graph_infos.values()))
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
                                 note="replay: inputs are not donated", source=source,
@@ -335,6 +376,26 @@ class Engine:
         entries = self.cache.entries()
         return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
+    def _run(self, entry, arrays: list, graph: Graph | None):
+        try:
+            outputs = entry.compiled(*arrays)
+            self.in_flight = outputs
+            if config.wait_for_execution:
+                self.wait(graph)
+            return outputs
+        except StepExecutionError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a fault at dispatch, before any output exists
+            raise _execution_error(e, graph) from e
+
+    def wait(self, graph: Graph | None = None) -> None:
+        """Block until every dispatched execution has finished."""
+        outputs, self.in_flight = self.in_flight, []
+        try:
+            jax.block_until_ready(outputs)
+        except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
+            raise _execution_error(e, graph) from e
+
     # -- counters -----------------------------------------------------------
     def metrics(self) -> dict[str, int]:
         return dict(self.counters)
@@ -352,19 +413,13 @@ class StepExecutionError(RuntimeError):
     """The device could not run a compiled step (out of memory, runtime fault)."""
 
 
-def _run(entry, arrays: list, graph: Graph | None):
-    try:
-        outputs = entry.compiled(*arrays)
-        if config.wait_for_execution:
-            jax.block_until_ready(outputs)
-        return outputs
-    except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
-        asked = ""
-        if graph is not None:
-            asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
-                     f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
-        raise StepExecutionError(f"xlakit: the device could not run this step: {e}.{asked} "
-                                 "The tensors it would have computed keep this error; others are intact.") from e
+def _execution_error(error: BaseException, graph: Graph | None) -> StepExecutionError:
+    asked = ""
+    if graph is not None:
+        asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
+                 f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
+    return StepExecutionError(f"xlakit: the device could not run this step: {error}.{asked} "
+                              "The tensors it would have computed keep this error; others are intact.")
 
 
 def _depends_on(node: Node, target: Node) -> bool:
