@@ -1,4 +1,4 @@
-"""The one timing loop the benchmarks share."""
+"""The timing loops the benchmarks share."""
 from __future__ import annotations
 
 import statistics
@@ -17,3 +17,12 @@ def median_seconds(step, wait, repeats: int, warmup: int) -> float:
         wait()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def seconds_per_step(step, wait, steps: int, warmup: int, rounds: int = 3) -> float:
+    """Throughput: `steps` steps back to back and one `wait()` at the end (a
+    peer may trace its next step while the device runs this one), as seconds
+    per step; the median of `rounds` rounds."""
+    for _ in range(warmup):
+        step()
+    return median_seconds(lambda: [step() for _ in range(steps)], wait, repeats=rounds, warmup=0) / steps

@@ -4,7 +4,10 @@ Workloads: an MLP (4 x 1024, batch 64) and a transformer encoder (4 layers,
 d_model 256, seq 128, batch 16), both with AdamW; recompiles over 20 steps with
 a changing learning rate and with the same step at two source lines; and the
 executable's memory with and without donation. float32 matmuls at full
-precision everywhere ("highest"). `python bench/training.py [--quick]`.
+precision everywhere ("highest"). Each peer runs its steps back to back and
+waits for the device once at the end: ms/step is 1 / throughput, and a peer
+that traces its next step while the device runs this one gains by it.
+`python bench/training.py [--quick] [--device cuda]` (bench/gpu.sh runs the latter).
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from timing import median_seconds  # noqa: E402
+from timing import seconds_per_step  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -37,8 +40,8 @@ def encoder(d=256, layers=4):
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
-def timed(step, sync, steps, warmup):
-    return median_seconds(step, sync, repeats=steps, warmup=warmup) * 1e3
+def timed(step, wait, steps, warmup):
+    return seconds_per_step(step, wait, steps, warmup) * 1e3
 
 
 def torch_peer(model, x, y, device, after_step=lambda: None, wrap=lambda m: m):
@@ -86,33 +89,75 @@ def jax_peer(model, x, y):
     return step, lambda: jax.block_until_ready(state["p"])
 
 
-def peers(model, x, y, quick):
+def torchax_peer(model, x, y):
+    """torchax's own recipe: the torch model as a JittableModule, its
+    make_train_step with optax's AdamW, one donating jax_jit."""
+    import optax
+    import torchax
+    from torchax import interop, train
+
+    env = torchax.default_env()
+    with env:
+        module = interop.JittableModule(copy.deepcopy(model).to("jax"))
+        xj, yj = x.to("jax"), y.to("jax")
+    optimizer = optax.adamw(1e-3, eps=1e-8, weight_decay=1e-2)
+    train_step = interop.jax_jit(
+        train.make_train_step(lambda w, b, a: module.functional_call("forward", w, b, a),
+                              nn.functional.mse_loss, optimizer),
+        kwargs_for_jax_jit={"donate_argnums": (0, 2)})
+    state = {"w": module.params, "opt": interop.call_jax(optimizer.init, module.params)}
+
+    def step():
+        with env:
+            _, state["w"], state["opt"] = train_step(state["w"], module.buffers, state["opt"], xj, yj)
+    return step, lambda: jax.block_until_ready(interop.jax_view(state["w"]))
+
+
+def peers(model, x, y, quick, device):
     import xlakit
 
-    result = {}  # every peer waits for its step to finish (xlakit's mark_step does by default)
-    step, sync = jax_peer(model, x, y)
-    result["jax.jit (donating)"] = (step, sync)
-    result["eager torch"] = (torch_peer(model, x, y, "cpu"), lambda: None)
+    torch_wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+    def dispatch_ahead():
+        xlakit.config.wait_for_execution = False
+        try:
+            xlakit.mark_step()
+        finally:
+            xlakit.config.wait_for_execution = True
+
+    result = {"jax.jit (donating)": jax_peer(model, x, y)}
+    try:
+        result["torchax (JittableModule + optax)"] = torchax_peer(model, x, y)
+    except ImportError:  # optax: installed by requirements-test.txt
+        pass
+    result["eager torch"] = (torch_peer(model, x, y, device), torch_wait)
+    if not quick:
+        result["torch.compile inductor"] = (torch_peer(model, x, y, device, wrap=torch.compile), torch_wait)
+    # xlakit's mark_step waits for the step by default (StepRecord timings are
+    # then real); with config.wait_for_execution=False it returns at dispatch
     result["xlakit lazy"] = (torch_peer(model, x, y, xlakit.device(), after_step=xlakit.mark_step),
                              lambda: None)
-    result["xlakit compiled"] = (torch_peer(model, x, y, "cpu", wrap=lambda m: torch.compile(m, backend="xlakit")),
-                                 lambda: None)
-    if not quick:
-        result["torch.compile inductor"] = (torch_peer(model, x, y, "cpu", wrap=torch.compile), lambda: None)
+    result["xlakit lazy, dispatch ahead"] = (
+        torch_peer(model, x, y, xlakit.device(), after_step=dispatch_ahead), xlakit.wait)
+    result["xlakit compiled (model on CPU)"] = (
+        torch_peer(model, x, y, "cpu", wrap=lambda m: torch.compile(m, backend="xlakit")), lambda: None)
     try:
         import torch_xla
         import torch_xla.core.xla_model as xm
 
         result["torch_xla lazy"] = (torch_peer(model, x, y, torch_xla.device(), after_step=torch_xla.sync),
                                     xm.wait_device_ops)
+        result["torch_xla openxla (+ lazy AdamW)"] = (
+            torch_peer(model, x, y, torch_xla.device(), after_step=torch_xla.sync,
+                       wrap=lambda m: torch.compile(m, backend="openxla")), xm.wait_device_ops)
     except ImportError:
         pass
     return result
 
 
-def measure(name, model, x, y, steps, quick):
+def measure(name, model, x, y, steps, quick, device="cpu"):
     rows = {}
-    for peer, (step, sync) in peers(model, x, y, quick).items():
+    for peer, (step, sync) in peers(model, x, y, quick, device).items():
         try:
             rows[peer] = timed(step, sync, steps, warmup=3)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not hidden
@@ -197,16 +242,25 @@ def memory():
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the torch peers run (JAX's peers and xlakit use JAX's default device)")
     args = parser.parse_args()
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}; "
-          "float32 matmul precision: highest")
+    gpu = args.device == "cuda"
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__} "
+          f"on {jax.devices()[0].device_kind}"
+          + (f", torch on {torch.cuda.get_device_name()}" if gpu else "") + "; float32 matmul precision: highest")
     torch.manual_seed(0)
     if args.quick:
-        measure("MLP 2 x 64, batch 8, AdamW", mlp(64, 2), torch.randn(8, 64), torch.randn(8, 64), 3, True)
+        measure("MLP 2 x 64, batch 8, AdamW", mlp(64, 2), torch.randn(8, 64), torch.randn(8, 64), 3, True,
+                args.device)
         return
-    measure("MLP 4 x 1024, batch 64, AdamW", mlp(), torch.randn(64, 1024), torch.randn(64, 1024), 20, False)
+    measure("MLP 4 x 1024, batch 64, AdamW", mlp(), torch.randn(64, 1024), torch.randn(64, 1024),
+            50 if gpu else 20, False, args.device)
+    if gpu:  # large enough for tracing the next step to hide behind this one's execution
+        measure("MLP 4 x 4096, batch 1024, AdamW", mlp(4096), torch.randn(1024, 4096), torch.randn(1024, 4096),
+                20, False, args.device)
     measure("Transformer encoder 4 layers, d_model 256, seq 128, batch 16, AdamW", encoder(),
-            torch.randn(16, 128, 256), torch.randn(16, 128, 256), 5, True)
+            torch.randn(16, 128, 256), torch.randn(16, 128, 256), 20 if gpu else 5, not gpu, args.device)
     recompiles()
     memory()
 
