@@ -35,6 +35,7 @@ lab: venv
 bench: venv
 	PJRT_DEVICE=CPU $(BIN)/python bench/tracing.py
 	$(BIN)/python bench/render.py
+	PJRT_DEVICE=CPU $(BIN)/python bench/compiled.py
 	PJRT_DEVICE=CPU $(BIN)/python bench/training.py
 
 fuzz: venv
