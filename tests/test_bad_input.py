@@ -4,6 +4,7 @@ import torch
 import torchax
 
 import xlakit
+from conftest import assert_same
 from xlakit.engine import StepFailedError
 
 
@@ -22,38 +23,87 @@ def test_mixing_lazy_and_cpu_tensors_is_an_error(dev):
     assert assert_ok.tolist() == [3.0, 3.0, 3.0]
 
 
-def test_failed_lowering_poisons_only_its_dependents(dev, monkeypatch):
-    from xlakit import frontend, lowering
+@pytest.fixture
+def broken_sinh(monkeypatch):
+    """torchax's sinh lowering raises (fault injection through its own override API)."""
+    from xlakit import engine, frontend, lowering
     monkeypatch.setattr(frontend, "_WARNED", set())
+    monkeypatch.setattr(engine.ENGINE, "_warned_eager", set())
     monkeypatch.setattr(lowering, "FAILED", set())  # the op is remembered as failed in this test only
     env = torchax.default_env()
     sinh = torch.ops.aten.sinh.default
     saved = env._ops.get(sinh)
 
-    def broken(*args, **kwargs):  # fault injection through torchax's own override API
+    def broken(*args, **kwargs):
         raise ValueError("injected lowering fault")
 
-    env.override_op_definition(torch.ops.aten.sinh.default, broken)
-    try:
-        x = torch.ones(4, device=dev)
-        bad = x.sinh()
-        good = x * 3
-        with pytest.raises(RuntimeError, match=r"could not lower aten.sinh.*test_bad_input.py"):
-            xlakit.mark_step()
-        assert good.cpu().tolist() == [3.0] * 4
-        with pytest.raises(StepFailedError, match="injected lowering fault"):
-            bad.cpu()
-        assert x.cpu().tolist() == [1.0] * 4
-    finally:
-        if saved is None:
-            env._ops.pop(sinh)
-        else:
-            env._ops[sinh] = saved
-    del bad
-    with pytest.warns(UserWarning, match="sinh.*runs eagerly"):  # a failed lowering is not retried
-        y = torch.ones(2, device=dev).sinh()
+    env.override_op_definition(sinh, broken)
+    yield
+    if saved is None:
+        env._ops.pop(sinh)
+    else:
+        env._ops[sinh] = saved
+
+
+def test_failed_lowering_computes_the_node_eagerly_and_the_step_goes_on(dev, broken_sinh):
+    x = torch.linspace(-1, 1, 4).to(dev)
     xlakit.mark_step()
-    torch.testing.assert_close(y.cpu(), torch.ones(2).sinh())
+    bad = (x * 2).sinh() + 1   # a pending operand before the failing node, a dependent after it
+    good = x * 3
+    with pytest.warns(UserWarning, match=r"sinh.*runs eagerly on CPU \(its XLA lowering failed: injected.*test_bad_input"):
+        xlakit.mark_step()
+    host = torch.linspace(-1, 1, 4)
+    assert_same(bad, (host * 2).sinh() + 1)
+    assert_same(good, host * 3)
+    assert xlakit.metrics()["fallbacks"] == 1
+    with pytest.warns(UserWarning, match="sinh.*runs eagerly"):  # a failed lowering is not retried
+        y = x.sinh()
+    xlakit.mark_step()
+    assert_same(y, host.sinh())
+
+
+def test_strict_lowering_failure_poisons_only_its_dependents(dev, broken_sinh, monkeypatch):
+    monkeypatch.setattr(xlakit.config, "strict_lowering", True)
+    x = torch.ones(4, device=dev)
+    bad = x.sinh()
+    good = x * 3
+    with pytest.raises(RuntimeError, match=r"could not lower aten.sinh.*test_bad_input.py"):
+        xlakit.mark_step()
+    assert good.cpu().tolist() == [3.0] * 4
+    with pytest.raises(StepFailedError, match="injected lowering fault"):
+        bad.cpu()
+    assert x.cpu().tolist() == [1.0] * 4
+    with pytest.raises(NotImplementedError, match="sinh.*strict_lowering"):  # nor retried
+        x.sinh()
+
+
+def test_dtype_without_xla_equivalent_is_a_clear_error_for_that_call_only(dev):
+    x = torch.ones(3, device=dev)
+    half = x.to(torch.complex32)   # XLA has no complex32
+    with pytest.raises(RuntimeError, match=r"_to_copy.*test_bad_input.py.*complex32 has no XLA equivalent"):
+        half.cpu()
+    fallbacks = xlakit.metrics()["fallbacks"]
+    assert_same(x.to(torch.float64), torch.ones(3, dtype=torch.float64))  # the cast itself still lowers
+    assert xlakit.metrics()["fallbacks"] == fallbacks
+
+
+def test_as_strided_past_the_tensor_raises_as_eager_does(dev):
+    # XLA would clamp (as_strided) or drop (as_strided_scatter) such accesses
+    host = torch.arange(10.0)
+    x = host.to(dev)
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 40"):
+        host.as_strided((2, 2), (1, 2), 7)
+    with pytest.raises(RuntimeError, match="as_strided_copy.*test_bad_input.py.*out of bounds for storage of size 40"):
+        x.as_strided((2, 2), (1, 2), 7).cpu()
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 40"):
+        torch.as_strided_scatter(host, torch.ones(2, 2), (2, 2), (1, 2), 7)
+    with pytest.raises(RuntimeError, match="as_strided_scatter.*out of bounds for storage of size 40"):
+        torch.as_strided_scatter(x, torch.ones(2, 2, device=dev), (2, 2), (1, 2), 7).cpu()
+    fallbacks = xlakit.metrics()["fallbacks"]
+    assert_same(x.as_strided((2, 2), (1, 2), 6), host.as_strided((2, 2), (1, 2), 6))  # the last element
+    assert_same(torch.as_strided_scatter(x, torch.ones(2, 2, device=dev), (2, 2), (1, 2), 6),
+                torch.as_strided_scatter(host, torch.ones(2, 2), (2, 2), (1, 2), 6))
+    assert xlakit.metrics()["fallbacks"] == fallbacks  # in bounds: lowered
 
 
 def test_strict_lowering_turns_fallback_into_an_error(dev, monkeypatch):

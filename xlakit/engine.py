@@ -151,8 +151,11 @@ class Engine:
             except lowering.NodeLoweringError as error:
                 if not config.strict_lowering:
                     try:
-                        self._compute_eagerly(error.node, live, error.cause)
-                        continue  # the node has its results now: the same targets again
+                        self._compute_eagerly(error, live)
+                        for t in targets:  # the node has its results now: the rest again
+                            t.resolve()
+                        targets = [t for t in targets if t.node is not None]
+                        continue
                     except Exception as eager_error:  # noqa: BLE001 - the node's dependents keep it
                         error = lowering.NodeFailedError(error.node, eager_error)
                 # The tensors that need the failed node keep the error; the
@@ -167,15 +170,16 @@ class Engine:
             raise failure
         return executed
 
-    def _compute_eagerly(self, node: Node, live, cause: BaseException) -> None:
+    def _compute_eagerly(self, error: lowering.NodeLoweringError, live) -> None:
         """Compute one node that could not be lowered with eager torch on CPU
         (its pending operands first, by a partial sync), as the frontend's
         fallback would have; the step then goes on without it."""
+        node = error.node
         where = f" at {node.source}" if node.source else ""
-        if id(node.op) not in self._warned_eager:
+        if error.remember and id(node.op) not in self._warned_eager:  # the op runs eagerly from now on
             self._warned_eager.add(id(node.op))
-            warnings.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {cause}){where}; "
-                          "this splits the graph.", stacklevel=4)
+            warnings.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {error.cause})"
+                          f"{where}; this splits the graph.", stacklevel=4)
         pending = {}
         for operand in node.operands:
             if operand.__class__ is tuple and (operand[0].results is None or operand[0].results[operand[1]] is None):

@@ -7,11 +7,13 @@ of our own, only route around the ones known to be wrong.
 from __future__ import annotations
 
 import functools
+import math
 import warnings
 
 import jax
 import jax.numpy as jnp
 import torch
+import torch._decomp
 import torchax
 import torchax.tensor
 
@@ -161,16 +163,85 @@ FAILED: set[int] = set()
 
 
 class NodeLoweringError(RuntimeError):
-    """torchax could not lower one node; `node` says which and where."""
+    """One node could not be lowered; `node` says which and where. Unless
+    config.strict_lowering is set, the engine then computes it eagerly on CPU.
+    `remember`: the op itself is at fault, so later calls run eagerly at once;
+    otherwise only these arguments are (an unsupported dtype, an access that XLA
+    would clamp where eager torch raises)."""
+
+    def __init__(self, node: Node, cause: BaseException, *, remember: bool = True):
+        if remember:
+            FAILED.add(id(node.op))
+        where = f" at {node.source}" if node.source else ""
+        super().__init__(f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}")
+        self.node, self.cause, self.remember = node, cause, remember
+
+
+class NodeFailedError(RuntimeError):
+    """A node computed eagerly on CPU raised: eager torch's own error, and where."""
 
     def __init__(self, node: Node, cause: BaseException):
-        FAILED.add(id(node.op))
         where = f" at {node.source}" if node.source else ""
-        super().__init__(
-            f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}. "
-            "From now on this op runs eagerly on CPU; rerun the line (or step) that needs it."
-        )
-        self.node = node
+        super().__init__(f"{node.op}{where}: {type(cause).__name__}: {cause}")
+        self.node, self.cause = node, cause
+
+
+class NeedsEager(Exception):
+    """A guard's verdict: eager torch, not XLA, must compute these arguments."""
+
+
+def _strided_in_bounds(self, size, stride, storage_offset=None):
+    """A lazy tensor owns just its own elements, in row-major order; XLA clamps
+    (as_strided) or drops (as_strided_scatter) an access past them, where eager
+    torch raises. Such a node runs eagerly, so the user sees torch's error."""
+    if any(s == 0 for s in size):
+        return
+    last = (storage_offset or 0) + sum((s - 1) * st for s, st in zip(size, stride))
+    if last >= math.prod(self.shape):
+        raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
+
+
+# Checks of a node's arguments (torchax tensors) before it is lowered.
+GUARDS = {
+    "aten::as_strided": _strided_in_bounds,
+    "aten::as_strided_copy": _strided_in_bounds,
+    "aten::as_strided_scatter": lambda self, src, *args, **kwargs: _strided_in_bounds(self, *args, **kwargs),
+}
+
+
+def run_on_cpu(node: Node, operands: list) -> list:
+    """Compute one node with eager torch on CPU from host tensors (its lowering
+    failed); returns its outputs as host tensors of the node's avals."""
+    for aval in node.avals:
+        if aval is not None:
+            jax_dtype(aval.dtype)  # a dtype XLA lacks cannot live on the device
+    args, kwargs = fill(node.template, operands)
+    schema = node.op._schema.arguments
+    scalar = {a.name for a in schema if str(a.type) in ("number", "Optional[number]")}
+    args = [_host_argument(v, i < len(schema) and schema[i].name in scalar) for i, v in enumerate(args)]
+    kwargs = {k: _host_argument(v, k in scalar) for k, v in kwargs.items()}
+    out = node.op(*args, **kwargs)
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    results = []
+    for value, aval in zip(outs, node.avals):
+        if aval is None:
+            results.append(None)
+            continue
+        if tuple(value.shape) != aval.shape:
+            raise RuntimeError(f"eager {node.op} returned shape {tuple(value.shape)}, its meta kernel {aval.shape}")
+        results.append(value.to(aval.dtype))
+    return results
+
+
+def _host_argument(value, scalar: bool):
+    # the frontend lifts Scalar arguments to 0-d inputs and names the device "jax"
+    if scalar and isinstance(value, torch.Tensor):
+        return value.item()
+    if isinstance(value, torch.device) and value.type == "jax":
+        return torch.device("cpu")
+    if isinstance(value, list):
+        return [_host_argument(v, False) for v in value]
+    return value
 
 
 def _replay(graph: Graph, *arrays):
@@ -181,13 +252,22 @@ def _replay(graph: Graph, *arrays):
     for node, wires in zip(graph.nodes, graph.wiring):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
         args, kwargs = fill(node.template, operands)
-        own = OWN_LOWERINGS.get(op_name(node.op))
+        name = op_name(node.op)
+        own = OWN_LOWERINGS.get(name)
         try:
+            for aval in node.avals:
+                if aval is not None and aval.dtype not in _TORCH_TO_JAX:
+                    raise NeedsEager(f"XLA has no {aval.dtype}")
+            guard = GUARDS.get(name)
+            if guard is not None:
+                guard(*args, **kwargs)
             if own is not None:
                 args, kwargs = env.t2j_iso((args, kwargs))
                 result = own(*args, **kwargs)
             else:
                 result = env.dispatch(node.op, (), args, kwargs)
+        except NeedsEager as e:
+            raise NodeLoweringError(node, e, remember=False) from e
         except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
             raise NodeLoweringError(node, e) from e
         results = result if isinstance(result, (tuple, list)) else (result,)
