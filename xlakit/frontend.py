@@ -194,9 +194,8 @@ class _OpInfo:
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
         self.lowerable = lowering.has_lowering(op) and not _is_random(op)
-        self.decomposition = (torch._decomp.decomposition_table[op]
-                              if lowering.op_name(op) in lowering.DECOMPOSED else None)
-        self.functional = _functional_of_inplace(op)
+        self.decomposition = lowering.decomposition(op)
+        self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
 
 
@@ -360,6 +359,8 @@ def _foreach(list_args, args, kwargs):
 def _mutate(func, functional, args, kwargs):
     """An in-place op below functionalization (PyTorch decompositions write
     running statistics with copy_): compute the functional op, rebind self."""
+    if "out" in kwargs:
+        return _write_out(functional, args, kwargs)
     self = args[0]
     if functional is aten.copy.default:
         value = _copy(*args, **kwargs)
@@ -367,6 +368,30 @@ def _mutate(func, functional, args, kwargs):
         value = _dispatch(functional, args, kwargs)
     ENGINE.register(self, value._state)
     return self
+
+
+def _functional_of_out(op):
+    """`eye.m_out` -> `eye.m`; None unless the op writes one `out` argument."""
+    outs = [a.name for a in op._schema.arguments if a.is_out]
+    return _functional_variant(op) if outs == ["out"] else None
+
+
+def _write_out(functional, args, kwargs):
+    """An out= op below functionalization (a composite kernel such as eye.m
+    calls eye.m_out on an empty tensor): compute the functional op, then make
+    `out` that value, resized as eager out= ops do."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    if "dtype" in (a.name for a in functional._schema.arguments) and "dtype" not in kwargs:
+        kwargs.update(dtype=out.dtype, device=DEVICE)  # a factory makes out's dtype
+    value = _dispatch(functional, args, kwargs)
+    if value.dtype != out.dtype:
+        value = _record(aten._to_copy.default, (value,), {"dtype": out.dtype})
+    if value.shape != out.shape:  # resize out's TensorImpl in place (the guard: set_data's type check)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+            out.data = value
+    ENGINE.register(out, value._state)
+    return out
 
 
 def _record(func, args, kwargs):
@@ -520,16 +545,23 @@ def _lazy_backend(op, *args, **kwargs):
         if op is aten._copy_from.default:
             value = value.expand(dst.shape)
         return _replace(dst, from_host(value))
+    # A factory inside a functionalization kernel's redispatch (e.g. empty in
+    # eye.m, under linalg.matrix_power) must return a plain tensor: its caller
+    # wraps it. torch.tensor(...) also skips Functionalize, but skips Python
+    # too, and lifts a functional result itself.
+    below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
+             and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
+    wrap_ = _alias if below else wrap
     out = kwargs.get("out")
     if out is None and _op_info(op).lowerable:
-        return wrap(_dispatch(op, args, kwargs))
+        return wrap_(_dispatch(op, args, kwargs))
     host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
     if out is not None:
         op = _functional_variant(op)
     result = op(*host_args, **host_kwargs)
     if out is not None:
         return _replace(out, from_host(result))
-    return wrap(from_host(result))
+    return wrap_(from_host(result))
 
 
 def _functional_variant(op):

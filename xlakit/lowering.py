@@ -32,6 +32,9 @@ KNOWN_WRONG = frozenset({
     # found by xlakit.opinfo: UPLO ignored; 0.07 off on 5x5 matrices; hermitian=True
     # reads the whole matrix, not one triangle
     "aten::_linalg_eigh", "aten::linalg_matrix_exp", "aten::linalg_pinv",
+    # its lowering crashes, and eager CPU returns an empty offset2bag where the
+    # meta kernel says (n,): only a fallback at record time takes eager's shapes
+    "aten::_embedding_bag_forward_only",
 })
 
 _TORCH_TO_JAX = {
@@ -73,6 +76,68 @@ DECOMPOSED = frozenset({
 })
 
 
+def _batch_norm_stats_as_on_cpu(op):
+    """PyTorch's batch norm decomposition returns, in eval mode on a non-CPU
+    device, the running statistics as save_mean / save_invstd (as CUDA does);
+    eager CPU, xlakit's reference, returns empty tensors (found by xlakit.opinfo).
+    Eval-mode backward reads the running statistics, never these."""
+    decomposition = torch._decomp.decomposition_table[op]
+    names = [a.name for a in op._schema.arguments]
+    if "training" not in names:
+        return decomposition
+    position = names.index("training")
+
+    def run(*args, **kwargs):
+        # (output, save_mean, save_invstd), and the new running statistics in the functional variant
+        outputs = decomposition(*args, **kwargs)
+        training = args[position] if len(args) > position else kwargs["training"]
+        if training:
+            return outputs
+        empty = outputs[0].new_zeros((0,))
+        return (outputs[0], empty, empty, *outputs[3:])
+    return run
+
+
+def _allclose(op):
+    """torchax's allclose is wrong (KNOWN_WRONG), its meta kernel calls .item()
+    and torchax has no isclose: torch's isclose, in ops that lower, then one
+    read of the bool (a sync, as in eager)."""
+    def run(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        if self.dtype != other.dtype:
+            raise RuntimeError(f"allclose: expected both inputs to be of the same dtype, "
+                               f"got {self.dtype} and {other.dtype}")
+        close = self == other
+        if equal_nan and (self.is_floating_point() or self.is_complex()):
+            close = close | (self.isnan() & other.isnan())
+        if rtol != 0 or atol != 0:
+            if self.dtype == torch.bool:
+                self, other = self.to(torch.get_default_dtype()), other.to(torch.get_default_dtype())
+            allowed = (other * rtol).abs() + atol
+            actual = (self - other).abs()
+            close = close | (actual.isfinite() & (actual <= allowed))
+        return bool(torch.ops.aten._local_scalar_dense.default(close.all()))
+    return run
+
+
+# Ops the frontend replaces at record time by a function of our own (given the op).
+OWN_DECOMPOSITIONS = {
+    "aten::native_batch_norm": _batch_norm_stats_as_on_cpu,
+    "aten::_native_batch_norm_legit": _batch_norm_stats_as_on_cpu,
+    "aten::_native_batch_norm_legit_functional": _batch_norm_stats_as_on_cpu,
+    "aten::allclose": _allclose,
+}
+
+
+def decomposition(op):
+    """The function the frontend calls instead of recording `op`, or None."""
+    name = op_name(op)
+    if name in OWN_DECOMPOSITIONS:
+        return OWN_DECOMPOSITIONS[name](op)
+    if name in DECOMPOSED:
+        return torch._decomp.decomposition_table[op]
+    return None
+
+
 def _convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, dilation,
                           transposed, output_padding, groups, output_mask):
     """torchax has no convolution_backward: differentiate its forward lowering with JAX."""
@@ -107,7 +172,8 @@ def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
     xlakit.opinfo); this is torch's definition."""
     if dtype is not None:
         x = x.astype(jax_dtype(dtype))
-    axis = None if not dim else tuple(d % x.ndim for d in dim)
+    # dim 0 or -1 of a 0-d tensor is the tensor itself (found by xlakit.opinfo: masked.norm)
+    axis = None if not dim or x.ndim == 0 else tuple(d % x.ndim for d in dim)
     magnitude = jnp.abs(x)
     if ord == float("inf"):
         return magnitude.max(axis=axis, keepdims=keepdim)

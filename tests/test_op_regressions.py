@@ -1,0 +1,130 @@
+"""Ops the OpInfo sweep (python -m xlakit.opinfo) found wrong or failing, eagerly and through xlakit."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import xlakit
+from conftest import assert_same
+from xlakit import lowering
+from xlakit.engine import ENGINE
+
+aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("training", [False, True])
+@pytest.mark.parametrize("op", [aten.native_batch_norm.default, aten._native_batch_norm_legit.default])
+def test_batch_norm_statistics_are_eager_cpus(dev, op, training):
+    # in eval mode eager CPU returns empty save_mean / save_invstd; PyTorch's
+    # decomposition returned the running statistics there (as CUDA does)
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(3, 2, 4), torch.randn(2), torch.randn(2)
+    mean, var = torch.randn(2), torch.rand(2) + 0.5
+    want = op(x, weight, bias, mean.clone(), var.clone(), training, 0.1, 1e-5)
+    lazy_mean, lazy_var = mean.to(dev), var.to(dev)
+    got = op(x.to(dev), weight.to(dev), bias.to(dev), lazy_mean, lazy_var, training, 0.1, 1e-5)
+    for g, w in zip(got, want):
+        assert_same(g, w, rtol=1e-5, atol=1e-5)
+    running = (mean * 0.9 + x.mean((0, 2)) * 0.1) if training else mean
+    assert_same(lazy_mean, running, rtol=1e-5, atol=1e-6)  # updated in place in training only
+
+
+@pytest.mark.parametrize("a, b, kwargs", [
+    ([1.0, 2.0], [1.0, 2.05], {}),
+    ([1.0, 2.0], [1.0, 2.05], {"rtol": 0.1}),
+    ([1.0, float("nan"), float("inf")], [1.0, float("nan"), float("inf")], {}),
+    ([1.0, float("nan"), float("inf")], [1.0, float("nan"), float("inf")], {"equal_nan": True}),
+    ([float("inf")], [float("-inf")], {"atol": 1e9}),
+    ([0.0], [1e-9], {}),
+    ([1, 2], [1, 3], {"rtol": 0.5}),
+    ([True], [False], {"atol": 1.0}),
+])
+def test_allclose_matches_eager(dev, a, b, kwargs):
+    # torchax's allclose was wrong and its meta kernel calls .item()
+    a, b = torch.tensor(a), torch.tensor(b)
+    assert torch.allclose(a.to(dev), b.to(dev), **kwargs) == torch.allclose(a, b, **kwargs)
+
+
+def test_allclose_rejects_mixed_dtypes_as_eager_does(dev):
+    with pytest.raises(RuntimeError, match="Float did not match Double"):
+        torch.allclose(torch.ones(2), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="same dtype, got torch.float32 and torch.float64"):
+        torch.allclose(torch.ones(2, device=dev), torch.ones(2, dtype=torch.float64, device=dev))
+
+
+@pytest.mark.parametrize("ord", [2, 0, float("inf"), 3.5])
+def test_vector_norm_of_a_0d_tensor_over_dim_0(dev, ord):
+    x = torch.tensor(-2.5)
+    for kwargs in ({"dim": 0}, {"dim": -1, "keepdim": True}, {"dim": (0,)}):
+        assert_same(torch.linalg.vector_norm(x.to(dev), ord, **kwargs), torch.linalg.vector_norm(x, ord, **kwargs))
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, -1])
+def test_matrix_power_matches_eager(dev, n):
+    # n=0 makes an identity through eye.m_out below functionalization
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 3) + 3 * torch.eye(3)
+    assert_same(torch.linalg.matrix_power(x.to(dev), n), torch.linalg.matrix_power(x, n), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("r, with_replacement", [(2, False), (3, False), (2, True)])
+def test_combinations_match_eager(dev, r, with_replacement):
+    x = torch.arange(5.0)
+    assert_same(torch.combinations(x.to(dev), r, with_replacement),
+                torch.combinations(x, r, with_replacement))
+
+
+def _lu(x):
+    return torch.linalg.lu(x)
+
+
+def _solve(x):  # a vector right-hand side
+    return torch.linalg.solve(x @ x.mT + x.new_ones(()), x[..., 0])
+
+
+def _lu_unpack(x):
+    return torch.lu_unpack(*torch.linalg.lu_factor(x))
+
+
+def _searchsorted(x):  # an empty sorted sequence
+    return torch.searchsorted(x[:, :0], x)
+
+
+def _nonzero_static(x):
+    return torch.nonzero_static(x > 0, size=6)
+
+
+def _max_unpool(x):
+    pooled, indices = F.max_pool2d(x[None, None], 2, return_indices=True)
+    return F.max_unpool2d(pooled, indices, 2)
+
+
+def _embedding_bag(x):
+    return F.embedding_bag(torch.tensor([0, 2, 1, 3]), x, torch.tensor([0, 2]), mode="sum",
+                           per_sample_weights=torch.tensor([1.0, 2.0, 3.0, 4.0]))
+
+
+def _antialiased_resize(x):
+    return F.interpolate(x[None, None], size=(2, 3), mode="bilinear", antialias=True)
+
+
+# torchax's lowerings of these crash (linalg_lu, _linalg_solve_ex, lu_unpack,
+# searchsorted, nonzero_static, max_unpool2d, _embedding_bag_forward_only,
+# _upsample_bilinear2d_aa)
+CRASHING = {f.__name__.lstrip("_"): f for f in (_lu, _solve, _lu_unpack, _searchsorted, _nonzero_static,
+                                                 _max_unpool, _embedding_bag, _antialiased_resize)}
+
+
+@pytest.mark.parametrize("name", sorted(CRASHING))
+def test_ops_whose_lowering_crashes_are_computed_eagerly(dev, monkeypatch, name):
+    # the first failure in a process, as users meet it
+    monkeypatch.setattr(lowering, "FAILED", set())
+    monkeypatch.setattr(ENGINE, "_warned_eager", set())
+    torch.manual_seed(0)
+    x = torch.randn(4, 4)
+    want = CRASHING[name](x)
+    with pytest.warns(UserWarning, match="runs eagerly on CPU"):
+        got = CRASHING[name](x.to(dev))
+        xlakit.mark_step()
+    for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+        assert_same(g, w, rtol=1e-5, atol=1e-5)
+    assert xlakit.metrics()["fallbacks"] >= 1
