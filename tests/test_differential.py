@@ -99,3 +99,40 @@ def test_python_scalar_dtypes_follow_torch(dev):
     assert_same(i + 1, torch.tensor([2, 3, 4]))
     assert_same(f * 0.1, torch.tensor([1.0, 2.0], dtype=torch.float64) * 0.1)
     assert_same((i > 1.5), torch.tensor([False, True, True]))
+
+
+@pytest.mark.parametrize("device", ["lazy", "cpu"])
+def test_inplace_pointwise_errors_match_eager(dev, device):
+    # xlakit functionalizes addcmul_/addcdiv_/lerp_ itself, for every device (a
+    # CPU tensor meets it inside a functional wrapper): eager's in-place rules hold
+    def put(t):
+        return t.to(dev) if device == "lazy" else torch._to_functional_tensor(t)
+
+    def host(t):
+        if device == "lazy":
+            return t.cpu()
+        torch._sync(t)
+        return torch._from_functional_tensor(t)
+
+    x, wide = put(torch.zeros(3)), put(torch.ones(2, 3))
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        x.addcmul_(wide, wide)
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        put(torch.zeros(3, dtype=torch.long)).addcmul_(x, x)
+    assert host(x).tolist() == [0.0] * 3  # a rejected update changes nothing
+    halves = torch.full((3,), 0.5, dtype=torch.float64)
+    got = x.addcmul_(put(halves), put(halves))  # float64 operands, float32 self: cast, as eager does
+    want = torch.zeros(3).addcmul_(halves, halves)
+    assert_same(host(got), want)
+
+
+def test_compiled_cpu_inplace_ops_still_match_eager():
+    # torch.compile's own functionalization reaches the same kernels
+    def fn(p, g):
+        p = p.clone()
+        p.addcmul_(g, g, value=0.1).lerp_(g, 0.3)
+        p[1:].addcdiv_(g[1:], g[1:].abs() + 1, value=-0.5)
+        return p
+
+    p, g = torch.randn(5), torch.randn(5)
+    torch.testing.assert_close(torch.compile(fn, backend="aot_eager")(p, g), fn(p, g))
