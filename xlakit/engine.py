@@ -334,7 +334,9 @@ class Engine:
         is still read makes XLA copy every donor first (measured: 20 copies,
         ~4 ms of an MLP's AdamW step). So a donor goes to the output with its
         own label (the same parameter or optimizer state, updated), and the
-        roots are ordered so that JAX's pairing is this plan's pairing.
+        roots are ordered so that JAX's pairing is this plan's pairing. Labels
+        only choose the pairing: the key holds the resulting root order and
+        donors, so the key alone still determines the executable.
         """
         order = list(range(len(graph.roots)))
         if not config.donate:
