@@ -10,16 +10,28 @@ import torch
 
 import xlakit
 from xlakit import lowering
-from xlakit.engine import StepExecutionError, StepFailedError
+from xlakit.engine import ENGINE, StepExecutionError, StepFailedError
 
 PROGRAM = ("import torch, xlakit, warnings\nwarnings.simplefilter('always')\n"
            "x = torch.arange(5.0).to(xlakit.device())\ny = (x * 7).cos().sum()\nxlakit.mark_step()\n"
            "print(xlakit.last_step().cache, round(y.item(), 4))")
 
 
-def _run(cache_dir: str):
+# Files may grow to 1 KiB, and a write past that fails with EFBIG instead of
+# killing the process: what a full disk looks like to the cache. torch writes a
+# generated module of its own on its first meta-kernel call: done before.
+FULL_DISK = ("import resource, signal, torch, xlakit\ntorch.ones(2, device='meta') * 2\n"
+             "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+             "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n")
+
+
+def _run(cache_dir: str, prefix: str = ""):
     env = {**os.environ, "XLAKIT_CACHE_DIR": cache_dir}
-    return subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-c", prefix + PROGRAM], env=env, capture_output=True, text=True)
+
+
+def _eager_value() -> str:
+    return str(round((torch.arange(5.0) * 7).cos().sum().item(), 4))
 
 
 def test_keyboard_interrupt_during_compile_leaves_the_engine_consistent(dev, monkeypatch):
@@ -77,3 +89,43 @@ def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(tmp_path):
     second = _run(str(cache))
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == first.stdout.split()  # recompiled, same value
+    assert "Error reading persistent compilation cache entry" in second.stderr  # JAX's warning
+    third = _run(str(cache))  # the corrupt entries were replaced by whole ones
+    assert third.returncode == 0 and third.stdout.split() == ["persistent_hit", _eager_value()], third.stderr
+
+
+def test_full_disk_warns_and_recompiles_and_leaves_no_half_written_entries(tmp_path):
+    cache = tmp_path / "cache"
+    full = _run(str(cache), prefix=FULL_DISK)
+    assert full.returncode == 0, full.stderr
+    assert "Error writing persistent compilation cache entry" in full.stderr and "File too large" in full.stderr
+    assert full.stdout.split() == ["miss", _eager_value()]
+    assert not list(cache.glob("*-cache"))  # JAX writes in place; what it cut short was removed
+    again = _run(str(cache))  # disk space back: no corrupt entry to trip over, the entry is written
+    assert again.returncode == 0 and "Error" not in again.stderr, again.stderr
+    assert again.stdout.split() == ["miss", _eager_value()]
+    assert _run(str(cache)).stdout.split() == ["persistent_hit", _eager_value()]
+
+
+def test_device_out_of_memory_is_a_clear_error_and_the_session_goes_on(dev):
+    # A real allocation failure, not an injected one: 2**46 float32 (256 TiB) is
+    # more than a 64-bit process can map, so malloc fails at once whatever the
+    # kernel's overcommit policy, and nothing is consumed.
+    x = torch.arange(4.0).to(dev)
+    y = x * 2
+    xlakit.mark_step()
+    ENGINE.cache.clear()  # the failed step's executable is then the only one, with no graph view
+    huge = torch.zeros(2**46, dtype=torch.float32, device=dev)
+    with pytest.raises(StepExecutionError,
+                       match=r"could not run this step.*writes 281,474,976,710,656 bytes of outputs"):
+        xlakit.mark_step()
+    with pytest.raises(StepFailedError, match="281,474,976,710,656 bytes"):
+        huge.cpu()
+    del huge
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and y.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    z = (x + y).sum()
+    xlakit.mark_step()  # the next step compiles and runs
+    assert z.item() == 18.0
+    fresh = torch.zeros(3, device=dev)  # no inputs, as the failed step: the closest key
+    xlakit.mark_step()
+    assert fresh.cpu().tolist() == [0.0] * 3

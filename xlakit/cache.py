@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import os
 import threading
 import warnings
@@ -75,10 +76,49 @@ def enable_persistent_cache(path: str | None) -> str | None:
         return None
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", path)
+    _forget_broken_entries()
     # Cache every executable: small graphs recompile as often as large ones.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+def _forget_broken_entries() -> None:
+    """JAX writes a cache entry in place and never replaces one that exists: a
+    write cut short (a full disk) leaves a truncated entry that every later
+    process reads, warns about and recompiles. Delete an entry that fails to be
+    written or read, so the next compile writes it whole. JAX still warns and
+    compiles; this only heals the directory. Wraps JAX internals, defensively:
+    if they change, nothing is wrapped."""
+    try:
+        from jax._src import compilation_cache as cc
+        read, write = cc.get_executable_and_time, cc.put_executable_and_time
+        read_sig, write_sig = inspect.signature(read), inspect.signature(write)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return
+    if getattr(read, "_xlakit", False):
+        return
+
+    def forget(signature, args, kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            entry = Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache"
+            entry.unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - healing is best effort; JAX reports the error itself
+            pass
+
+    def healing(original, signature):
+        def call(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except Exception:
+                forget(signature, args, kwargs)
+                raise
+        call._xlakit = True
+        return call
+
+    cc.get_executable_and_time = healing(read, read_sig)
+    cc.put_executable_and_time = healing(write, write_sig)
 
 
 class PersistentHits:

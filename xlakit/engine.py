@@ -378,8 +378,9 @@ class Engine:
         return tuple(sorted(taken.values())), "; ".join(reasons), order
 
     def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
-        """The cached executable whose key differs in the fewest components."""
-        entries = self.cache.entries()
+        """The cached executable whose key differs in the fewest components
+        (among those that ran: a step that failed to execute has no graph view)."""
+        entries = [e for e in self.cache.entries() if e.graph_infos]
         return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
     def _run(self, entry, arrays: list, graph: Graph | None):
@@ -424,7 +425,7 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
     if graph is not None:
         asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
                  f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
-    return StepExecutionError(f"xlakit: the device could not run this step: {error}.{asked} "
+    return StepExecutionError(f"xlakit: the device could not run this step: {str(error).rstrip('.')}.{asked} "
                               "The tensors it would have computed keep this error; others are intact.")
 
 
