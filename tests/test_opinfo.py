@@ -17,7 +17,9 @@ OPS = ["add", "sub", "mul", "div", "matmul", "mm", "bmm", "addmm", "sum", "mean"
        # fixed after the full sweep: batch norm's eval statistics, SVD signs, storage offsets,
        # allclose, index tensors kept on the host, out= ops below functionalization, lowerings that crash
        "native_batch_norm", "_native_batch_norm_legit", "svd_lowrank", "pca_lowrank", "as_strided",
-       "allclose", "tensor_split", "combinations", "linalg.matrix_power", "linalg.lu", "searchsorted"]
+       "allclose", "tensor_split", "combinations", "linalg.matrix_power", "linalg.lu", "searchsorted",
+       # random: OpInfo's seeding wrapper now steps xlakit
+       "nn.functional.dropout", "bernoulli"]
 
 
 def test_common_ops_are_never_silently_wrong():
@@ -29,6 +31,7 @@ def test_common_ops_are_never_silently_wrong():
     assert results["native_batch_norm"] == ("pass", "") and results["allclose"] == ("pass", "")
     assert "singular pair takes eager's sign" in results["svd_lowrank"][1]
     assert results["linalg.lu"][0] == "fallback"  # its lowering crashes: computed eagerly
+    assert results["bernoulli"][0] == "fallback"  # random ops run eagerly, seeded by torch
 
 
 def test_singular_vectors_compare_up_to_a_sign_per_pair_only():
@@ -43,3 +46,13 @@ def test_singular_vectors_compare_up_to_a_sign_per_pair_only():
     assert opinfo._close(opinfo._align_singular_vectors(pair_flipped, want, "Vh"), want)
     u_only = (u * flip, s, vh)  # not a decomposition of a: must stay a mismatch
     assert not opinfo._close(opinfo._align_singular_vectors(u_only, want, "Vh"), want)
+
+
+def test_a_dropout_result_passes_only_as_a_valid_mask():
+    torch.manual_seed(0)
+    x = torch.randn(8, 8)
+    kwargs = {"p": 0.5, "training": True}
+    assert opinfo._random_mask("nn.functional.dropout", x, (), kwargs, torch.nn.functional.dropout(x, 0.5))
+    assert opinfo._random_mask("nn.functional.dropout", x, (), kwargs, x) is None  # nothing dropped, not scaled
+    assert opinfo._random_mask("nn.functional.dropout", x, (), kwargs, torch.zeros(8, 8)) is None
+    assert opinfo._random_mask("nn.functional.dropout", x, (), {"p": 0.5, "training": False}, 2 * x) is None
