@@ -194,8 +194,7 @@ class _OpInfo:
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
         self.lowerable = lowering.has_lowering(op) and not _is_random(op)
-        self.decomposition = (torch._decomp.decomposition_table[op]
-                              if lowering.op_name(op) in lowering.DECOMPOSED else None)
+        self.decomposition = lowering.decomposition(op)
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
 
