@@ -54,3 +54,24 @@ def test_without_torch_xla_the_error_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_torch_xla)
     with pytest.raises(ImportError, match=r"pip install 'xlakit\[torch-xla\]'"):
         adapter.step()
+
+
+def test_torch_xla_inplace_updates_through_xlakits_functionalization_match_eager():
+    # xlakit replaces the functionalization kernels of addcmul_/addcdiv_/lerp_ for
+    # every device, torch_xla's included (it aliases in-place updates by them)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    runs = {}
+    for name, dev in (("eager", "cpu"), ("torch_xla", torch_xla.device())):
+        m = torch.nn.Linear(8, 8).to(dev)
+        m.load_state_dict(model.state_dict())
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        for _ in range(3):
+            opt.zero_grad()
+            m(x.to(dev)).square().sum().backward()
+            opt.step()
+            if name == "torch_xla":
+                torch_xla.sync()
+        runs[name] = m.weight.detach().cpu()
+    torch.testing.assert_close(runs["torch_xla"], runs["eager"], rtol=1e-5, atol=1e-6)

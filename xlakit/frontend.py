@@ -627,7 +627,7 @@ def _functionalized_inplace(inplace, functional):
         torch._functionalize_commit_update(self)
         torch._sync(self)
         if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
-            torch._C._propagate_xla_data(before, torch._from_functional_tensor(self))
+            torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
         return self
     return kernel
 
