@@ -28,7 +28,8 @@ instructions = st.one_of(
     st.tuples(st.just("matmul"), slot, slot),
     st.tuples(st.just("center"), slot, st.integers(0, 1)),
     st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "zero_", "clamp_"]), slot, unit),
-    st.tuples(st.just("view_inplace"), views, st.sampled_from(["add_", "mul_", "fill_", "copy_"]), slot, slot,
+    st.tuples(st.just("view_inplace"), views,
+              st.sampled_from(["add_", "mul_", "fill_", "copy_", "addcmul_", "addcdiv_", "lerp_"]), slot, slot,
               unit),
     st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit),
     st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16])),
@@ -77,7 +78,8 @@ class Program:
             v = view_of(self.t(i), view)
             src = view_of(self.t(j), view)
             {"add_": lambda: v.add_(c), "mul_": lambda: v.mul_(c), "fill_": lambda: v.fill_(c),
-             "copy_": lambda: v.copy_(src.clone())}[op]()
+             "copy_": lambda: v.copy_(src.clone()), "addcmul_": lambda: v.addcmul_(src, src, value=c),
+             "addcdiv_": lambda: v.addcdiv_(src, src.abs() + 1, value=c), "lerp_": lambda: v.lerp_(src, c)}[op]()
         elif kind == "index_put":
             x = self.t(a[0])
             idx = torch.tensor(a[1])
