@@ -182,7 +182,8 @@ def _per_tensor_of_foreach(op):
 class _OpInfo:
     """What the frontend needs to know about one aten op, computed once."""
 
-    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach")
+    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach",
+                 "shape_only_random")
 
     def __init__(self, op):
         lift = op._overloadpacket.__name__ in _LIFT_SCALARS
@@ -197,6 +198,7 @@ class _OpInfo:
         self.decomposition = lowering.decomposition(op)
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
+        self.shape_only_random = op._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
 
 
 def _op_info(op) -> _OpInfo:
@@ -219,7 +221,7 @@ def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     return data
 
 
-def _split(func, args, kwargs):
+def _split(func, info: _OpInfo, args, kwargs):
     """Separate tensors from constants.
 
     Returns (template, tensors, signature): template has `Slot`s where tensors
@@ -227,7 +229,6 @@ def _split(func, args, kwargs):
     the memo key for shape inference.
     """
     tensors: list = []
-    info = _op_info(func)
     arg_template, arg_signature = [], []
     for value, lifted in zip(args, info.scalar_args):
         t, sig = _split_one(value, tensors, lifted)
@@ -307,11 +308,13 @@ def _to_meta(v):
 _CPU_INDICES_OK = frozenset({"index", "index_put", "_index_put_impl"})
 
 
-def _operand(value, func, source, float_dtype: torch.dtype):
+def _operand(value, func, source, tensors: list):
     """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
         return value._state.operand()
-    if isinstance(value, float):
+    if isinstance(value, float):  # in the dtype of the op's first float tensor, as torch computes it
+        float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
+                           torch.get_default_dtype())
         return _lifted_scalar(value, float_dtype)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
     if value.dim() == 0 or func._overloadpacket.__name__ in _CPU_INDICES_OK:
@@ -399,12 +402,12 @@ def _record(func, args, kwargs):
     info = _op_info(func)
     if info.decomposition is not None:
         return info.decomposition(*args, **kwargs)
-    if func._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM:
+    if info.shape_only_random:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
         # input's shape alone: nothing to sync, no graph split
         like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
         return from_host(func(*like, **_to_cpu(kwargs)))
-    template, tensors, signature = _split(func, args, kwargs)
+    template, tensors, signature = _split(func, info, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
     except _NeedsEager as e:
@@ -415,9 +418,7 @@ def _record(func, args, kwargs):
     if not info.lowerable or id(func) in lowering.FAILED:
         return run_eagerly(func, args, kwargs, reason="no XLA lowering")
     source = user_source()
-    float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
-                       torch.get_default_dtype())
-    operands = tuple(_operand(t, func, source, float_dtype) for t in tensors)
+    operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
     outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
