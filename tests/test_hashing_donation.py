@@ -8,6 +8,7 @@ import torch
 
 import xlakit
 from xlakit import frontend
+from xlakit.notebook import render
 
 
 def test_donor_indices_are_in_the_key(dev):
@@ -217,3 +218,5 @@ def test_steps_dispatched_ahead_agree_with_eager(dev, monkeypatch):
     xlakit.wait()
     torch.testing.assert_close(seen, seen_eager, rtol=1e-5, atol=0)
     torch.testing.assert_close(w.cpu(), w_eager, rtol=1e-5, atol=0)
+    assert not xlakit.last_step().timings.waited  # its execute time is only the dispatch: the view says so
+    assert "to dispatch (not waited for)" in render.timing_table(xlakit.last_step())

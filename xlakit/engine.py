@@ -263,7 +263,8 @@ class Engine:
         self._append_record(entry, key, _any_graph_info(entry, graph, donors, key), trigger=trigger,
                             cache=outcome, donated=tuple(donated), changed=changed, why=why, note=note,
                             source=source, timings=Timings(trace=self.trace_seconds, lower=lower_s,
-                                                           compile=compile_s, execute=execute_s))
+                                                           compile=compile_s, execute=execute_s,
+                                                           waited=config.wait_for_execution))
         return entry, graph
 
     def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: str, source: str | None = None):
@@ -277,7 +278,8 @@ class Engine:
             graph_info = next(iter(entry.graph_infos.values()))
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
                                 note="replay: inputs are not donated", source=source,
-                                timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0))
+                                timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
+                                                waited=config.wait_for_execution))
             return outputs
 
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,

@@ -42,6 +42,9 @@ class Timings:
     lower: float = 0.0
     compile: float = 0.0
     execute: float = 0.0
+    # False when the step was only dispatched (config.wait_for_execution off):
+    # `execute` is then the time to enqueue it, not to run it
+    waited: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,7 +139,8 @@ def donation_table(record: StepRecord) -> str:
 def timing_table(record: StepRecord) -> str:
     t = record.timings
     rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
-            ("compile", _ms(t.compile)), ("execute", _ms(t.execute)),
+            ("compile", _ms(t.compile)),
+            ("execute", _execute_ms(t)),
             ("executables cached", str(record.cache_entries)),
             ("hit rate so far", f"{record.hit_rate:.0%}" if record.backend == "xlakit" else "unknown")]
     return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
@@ -161,6 +162,10 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
+def _execute_ms(t) -> str:
+    return _ms(t.execute) if t.waited else f"{_ms(t.execute)} to dispatch (not waited for)"
+
+
 def _ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
@@ -177,7 +182,7 @@ def history_text(rows: list[tuple[str, StepRecord]]) -> str:
 def history_html(rows: list[tuple[str, StepRecord]]) -> str:
     body = "".join(
         f"<tr><td>{r.index}</td><td>{html.escape(name)}</td><td>{r.trigger}</td><td>{r.key[:12]}</td>"
-        f"<td>{r.cache}</td><td>{_ms(r.timings.compile)}</td><td>{_ms(r.timings.execute)}</td>"
+        f"<td>{r.cache}</td><td>{_ms(r.timings.compile)}</td><td>{_execute_ms(r.timings)}</td>"
         f"<td>{human_bytes(r.donated_bytes)}</td></tr>" for name, r in rows)
     table = (f'<table class="xlakit-history"><tr><th>#</th><th>cell/name</th><th>trigger</th><th>key</th>'
              f"<th>cache</th><th>compile</th><th>execute</th><th>donated</th></tr>{body}</table>")
