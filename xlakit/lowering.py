@@ -61,10 +61,10 @@ def _env() -> torchax.tensor.Environment:
     return torchax.default_env()
 
 
-# torchax's lowerings of these are missing, wrong or reject traced scalars
-# (measured: batch norm updates running_var with the biased variance;
-# native_layer_norm_backward has the wrong arity). The frontend replaces them, at record time, by PyTorch's own
-# decompositions into simpler aten ops.
+# torchax's lowerings of these are missing or wrong (measured: batch norm
+# updates running_var with the biased variance; native_layer_norm_backward has
+# the wrong arity). The frontend replaces them, at record time, by PyTorch's
+# own decompositions into simpler aten ops.
 DECOMPOSED = frozenset({
     "aten::native_layer_norm_backward",
     "aten::native_batch_norm", "aten::_native_batch_norm_legit",
