@@ -125,7 +125,8 @@ class Graph:
         return [self.nodes[n].avals[i] for n, i in self.roots]
 
 
-def _computed(node: Node, index: int) -> DeviceData | None:
+def computed_output(node: Node, index: int) -> DeviceData | None:
+    """The device data of a node output an earlier sync computed, or None."""
     results = node.results
     return None if results is None else results[index]
 
@@ -151,7 +152,7 @@ def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
             waiting = False
             for operand in node.operands:
                 if operand.__class__ is tuple and operand[0] not in node_pos \
-                        and _computed(*operand) is None:
+                        and computed_output(*operand) is None:
                     stack.append(operand[0])
                     waiting = True
             if waiting:
@@ -160,7 +161,7 @@ def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
             wires = []
             for operand in node.operands:
                 if operand.__class__ is tuple:
-                    data = _computed(*operand)
+                    data = computed_output(*operand)
                     if data is None:
                         wires.append((node_pos[operand[0]], operand[1]))
                         continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 
 from .. import keys
-from ..record import StepRecord
+from ..record import StepRecord, Timings
 from . import graph_svg
 
 STYLE = """<style>
@@ -139,8 +139,7 @@ def donation_table(record: StepRecord) -> str:
 def timing_table(record: StepRecord) -> str:
     t = record.timings
     rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
-            ("compile", _ms(t.compile)),
-            ("execute", _execute_ms(t)),
+            ("compile", _ms(t.compile)), ("execute", _execute_ms(t)),
             ("executables cached", str(record.cache_entries)),
             ("hit rate so far", f"{record.hit_rate:.0%}" if record.backend == "xlakit" else "unknown")]
     return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
@@ -162,7 +161,7 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms"
 
 
-def _execute_ms(t) -> str:
+def _execute_ms(t: Timings) -> str:
     return _ms(t.execute) if t.waited else f"{_ms(t.execute)} to dispatch (not waited for)"
 
 
