@@ -62,7 +62,8 @@ def test_messy_function_counts_per_path():
     lazy = report.path("Lazy (xlakit engine)")
     assert (lazy.graphs, lazy.breaks) == (5, 4)
     assert lazy.why == [f"item at {HERE}:{LINE + 2}", f"cpu at {HERE}:{LINE + 4}",
-                        f"fallback at {HERE}:{LINE + 5}", f"fallback at {HERE}:{LINE + 6}"]
+                        f"fallback at {HERE}:{LINE + 5} (aten.nonzero.default)",
+                        f"fallback at {HERE}:{LINE + 6} (aten.angle.default)"]
 
     if any(p.path.startswith("torch_xla") for p in report.paths):
         lazy_xla = report.path("torch_xla LazyTensor")

@@ -5,7 +5,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from .engine import ENGINE
-from .frontend import device, unwrap, user_source_str
+from .frontend import device, unwrap
+from .sources import user_line
 from .record import StepRecord
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "metrics", "reset_metrics",
@@ -14,15 +15,15 @@ __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", 
 
 def mark_step() -> None:
     """Step marker: compute all pending work of all live tensors; may donate."""
-    ENGINE.sync(trigger="mark_step", source=user_source_str())
+    ENGINE.sync(trigger="mark_step", source=user_line())
 
 
 def sync(tensors=None) -> None:
     """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
     if tensors is None:
-        ENGINE.sync(trigger="sync", source=user_source_str())
+        ENGINE.sync(trigger="sync", source=user_line())
     else:
-        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=user_source_str())
+        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=user_line())
 
 
 def wait() -> None:
@@ -35,7 +36,7 @@ def wait() -> None:
 def save(obj, path) -> None:
     """Like torch.save, with CPU copies; a partial sync that never donates."""
     lazy = _lazy_tensors(obj)
-    ENGINE.sync(lazy, trigger="save", source=user_source_str())
+    ENGINE.sync(lazy, trigger="save", source=user_line())
     torch.save(_to_cpu(obj), path)
 
 

@@ -15,10 +15,9 @@ import html
 import torch
 from torch.utils._pytree import tree_map_only
 
-from . import dynamo
+from . import dynamo, sources
 from .engine import ENGINE
 from .frontend import DEVICE
-from .notebook.graph_svg import short_source
 
 
 @dataclasses.dataclass
@@ -119,7 +118,7 @@ def _dynamo_xlakit(fn, args, kwargs):
     first, before = len(dynamo.COMPILED), ENGINE.step_index
     torch.compile(f, backend="xlakit")(*a, **k)
     graphs = dynamo.COMPILED[first:]
-    why = [f"FX graph {g.index - first}: {s.op} ({s.node}) {s.reason} at {s.source or '?'}"
+    why = [f"FX graph {g.index - first}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
            for g in graphs for s in g.splits]
     return (PathReport("Dynamo -> HLO (xlakit backend)", ENGINE.step_index - before,
                        sum(len(g.splits) for g in graphs), why),
@@ -136,7 +135,7 @@ def _lazy_xlakit(fn, args, kwargs):
     del out
     records = ENGINE.records_since(before)
     implicit = [r for r in records if r.trigger not in ("mark_step", "sync")]
-    why = [f"{r.trigger} at {short_source(r.source) or '?'}" for r in implicit]
+    why = [f"{r.trigger} at {r.source or '?'}" for r in implicit]
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)
 
 

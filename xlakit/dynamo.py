@@ -19,7 +19,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import transfer
 from .engine import ENGINE
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
-from .ir import DeviceData
+from .ir import DeviceData, Frame, Source
 from .record import GraphInfo, NodeInfo, ParamInfo
 
 
@@ -30,7 +30,7 @@ class Split:
     node: str
     op: str
     reason: str
-    source: str | None
+    source: Source | None
 
 
 @dataclasses.dataclass
@@ -158,16 +158,16 @@ def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
 
 
-def _user_line(node: torch.fx.Node) -> str | None:
-    """'file.py:12' of the user code an FX node came from (Dynamo's stack trace)."""
+def _user_line(node: torch.fx.Node) -> Source | None:
+    """The user code an FX node came from (the innermost frame of Dynamo's stack trace)."""
     trace = node.meta.get("stack_trace") or ""
     frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
     if not frames:
         return None
-    parts = frames[-1].split('"')
-    filename, rest = parts[1], parts[2]
-    line = rest.split("line ")[1].split(",")[0]
-    return f"{filename.rsplit('/', 1)[-1]}:{line}"
+    # 'File "/path/x.py", line 12, in forward'
+    filename, _, rest = frames[-1].removeprefix('File "').partition('", line ')
+    line, _, function = rest.partition(", in ")
+    return Source(Frame(filename, int(line), function))
 
 
 def _pending_or_data(o):

@@ -15,7 +15,7 @@ import jax
 import torch
 
 from . import cache as cache_mod
-from . import keys, lowering, transfer
+from . import keys, lowering, sources, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, build_graph, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
@@ -175,11 +175,11 @@ class Engine:
         (its pending operands first, by a partial sync), as the frontend's
         fallback would have; the step then goes on without it."""
         node = error.node
-        where = f" at {node.source}" if node.source else ""
+        where = f" at {sources.describe(node.source)}" if node.source else ""
         if error.remember and id(node.op) not in self._warned_eager:  # the op runs eagerly from now on
             self._warned_eager.add(id(node.op))
-            warnings.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {error.cause})"
-                          f"{where}; this splits the graph.", stacklevel=4)
+            sources.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {error.cause})"
+                         f"{where}; this splits the graph.", node.source)
         pending = {}
         for operand in node.operands:
             if operand.__class__ is tuple and computed_output(*operand) is None:
@@ -187,7 +187,7 @@ class Engine:
                 pending[(id(n), i)] = LiveValue(n.avals[i], n, i, None)
         if pending:
             self._compute(list(pending.values()), live, full=False, trigger="fallback",
-                          source=f"{node.op}{where}")
+                          source=sources.fallback_line(node.source, node.op))
         host = []
         for operand in node.operands:
             data = operand if operand.__class__ is not tuple else computed_output(*operand)
@@ -456,8 +456,7 @@ def _graph_info(graph: Graph, donors) -> GraphInfo:
     donor_set = set(donors)
     return GraphInfo(
         nodes=tuple(
-            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)),
-                     source=str(n.source) if n.source else None)
+            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source)
             for n, w in zip(graph.nodes, graph.wiring)
         ),
         params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set)

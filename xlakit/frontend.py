@@ -8,10 +8,6 @@ wrapper to a new `LazyTensor`.
 """
 from __future__ import annotations
 
-import os
-import site
-import sys
-import sysconfig
 import time
 import warnings
 
@@ -19,10 +15,10 @@ import torch
 import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from . import lowering, transfer
+from . import lowering, sources, transfer
 from .config import config
 from .engine import ENGINE, LiveValue
-from .ir import Aval, DeviceData, Node, Source
+from .ir import Aval, DeviceData, Node
 from .lowering import Slot, fill
 
 DEVICE = torch.device("lazy", 0)
@@ -92,41 +88,8 @@ def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
 
 def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
     state = inner._state
-    ENGINE.sync([state], trigger=trigger, source=user_source_str())
+    ENGINE.sync([state], trigger=trigger, source=sources.user_line())
     return transfer.to_host(state.computed().array, inner.dtype)
-
-
-# -- source lines -------------------------------------------------------------
-# Frames in these directories are never "the user's line": xlakit itself, and
-# installed packages and the standard library (torch, torchax, IPython, ...).
-_LIBRARY_DIRS = tuple(
-    {os.path.dirname(sys.modules["xlakit"].__file__) + os.sep,
-     *(p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
-                            sysconfig.get_paths()["platlib"], *site.getsitepackages()})}
-)
-
-
-_IS_LIBRARY: dict[str, bool] = {}
-
-
-def user_source() -> Source | None:
-    """The innermost frame outside xlakit, installed packages and the standard
-    library ("<string>" too: code that torch and Python generate)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        library = _IS_LIBRARY.get(filename)
-        if library is None:
-            library = _IS_LIBRARY[filename] = filename.startswith(_LIBRARY_DIRS) or filename == "<string>"
-        if not library:
-            return Source(filename, frame.f_lineno, frame.f_code.co_name)
-        frame = frame.f_back
-    return None
-
-
-def user_source_str() -> str | None:
-    source = user_source()
-    return str(source) if source else None
 
 
 # -- recording ------------------------------------------------------------------
@@ -323,7 +286,7 @@ def _operand(value, func, source, tensors: list):
         return data
     raise RuntimeError(
         f"{func}: expected all tensors to be on the same device, but found at least two devices, "
-        f"{DEVICE} and {value.device} (at {source}). Move the CPU tensor with .to(xlakit.device())."
+        f"{DEVICE} and {value.device} (at {sources.describe(source)}). Move the CPU tensor with .to(xlakit.device())."
     )
 
 
@@ -413,11 +376,11 @@ def _record(func, args, kwargs):
     except _NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
-        source = user_source()
-        raise type(e)(f"{func}: {e}" + (f" (at {source})" if source else "")) from e
+        where = sources.describe(sources.capture())
+        raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
     if not info.lowerable or id(func) in lowering.FAILED:
         return run_eagerly(func, args, kwargs, reason="no XLA lowering")
-    source = user_source()
+    source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
     outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
@@ -445,8 +408,8 @@ _WARNED: set = set()
 
 def run_eagerly(func, args, kwargs, *, reason: str):
     """Run one op in eager torch on CPU: inputs by a partial sync, results uploaded."""
-    source = user_source()
-    where = f" at {source}" if source else ""
+    source = sources.capture()
+    where = f" at {sources.describe(source)}" if source else ""
     if config.strict_lowering:
         raise NotImplementedError(
             f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
@@ -455,10 +418,9 @@ def run_eagerly(func, args, kwargs, *, reason: str):
     ENGINE.counters["fallbacks"] += 1
     if func not in _WARNED:
         _WARNED.add(func)
-        warnings.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.",
-                      stacklevel=2)
+        sources.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.", source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
-    ENGINE.sync([t._state for t in lazy], trigger="fallback", source=f"{func}{where}")
+    ENGINE.sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
 
     out = func(*_to_cpu(list(args)), **_to_cpu(kwargs))
     return _upload_outputs(out)

@@ -45,8 +45,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class Source:
-    """Where the user wrote an op. Metadata: shown, never hashed into the key."""
+class Frame:
+    """One line of Python code."""
 
     file: str
     line: int
@@ -54,6 +54,19 @@ class Source:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Source:
+    """Where an op was recorded: the user's line and, when that line called
+    into a library (transformers, ...), the library's innermost line.
+    Metadata: shown, never hashed into the key."""
+
+    user: Frame | None
+    library: Frame | None = None
+
+    def __str__(self) -> str:
+        return " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
 
 
 class DeviceData:

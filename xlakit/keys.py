@@ -12,6 +12,7 @@ import platform
 import re
 from functools import lru_cache
 
+from . import sources
 from .ir import Graph, digest
 
 COMPONENTS = ("graph", "inputs", "donors", "backend", "flags")
@@ -38,7 +39,7 @@ def graph_bytes(graph: Graph) -> bytes:
 
 def metadata_bytes(graph: Graph) -> bytes:
     """Source lines of the nodes and labels of the inputs: shown, never in the key."""
-    sources = [(s.file, s.line, s.function) if (s := n.source) else None for n in graph.nodes]
+    sources = [str(n.source) if n.source else None for n in graph.nodes]
     return marshal.dumps((sources, [p.label for p in graph.params]), 2)
 
 
@@ -129,4 +130,4 @@ def _differences(what: str, new: list, old: list, limit: int) -> list[str]:
 
 
 def _at(source) -> str:
-    return f" at {source}" if source else ""
+    return f" at {sources.describe(source)}" if source else ""

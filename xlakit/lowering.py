@@ -17,6 +17,7 @@ import torch._decomp
 import torchax
 import torchax.tensor
 
+from . import sources
 from .ir import Aval, Graph, Node
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
@@ -238,7 +239,7 @@ class NodeLoweringError(RuntimeError):
     def __init__(self, node: Node, cause: BaseException, *, remember: bool = True):
         if remember:
             FAILED.add(id(node.op))
-        where = f" at {node.source}" if node.source else ""
+        where = f" at {sources.describe(node.source)}" if node.source else ""
         super().__init__(f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}")
         self.node, self.cause, self.remember = node, cause, remember
 
@@ -247,7 +248,7 @@ class NodeFailedError(RuntimeError):
     """A node computed eagerly on CPU raised: eager torch's own error, and where."""
 
     def __init__(self, node: Node, cause: BaseException):
-        where = f" at {node.source}" if node.source else ""
+        where = f" at {sources.describe(node.source)}" if node.source else ""
         super().__init__(f"{node.op}{where}: {type(cause).__name__}: {cause}")
         self.node, self.cause = node, cause
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .ir import Source
+
 
 @dataclasses.dataclass(frozen=True)
 class DonatedBuffer:
@@ -18,7 +20,7 @@ class NodeInfo:
     op: str
     operands: tuple              # per operand: an int param index, or (node, output)
     avals: tuple[str, ...]
-    source: str | None
+    source: Source | None        # the user's line and the library line that recorded the op
     split: bool = False          # the graph was cut here (an eager fallback or a sync)
 
 
@@ -69,7 +71,7 @@ class StepRecord:
     hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
     backend: str = "xlakit"         # "xlakit", or "torch_xla" for records of the real torch_xla executor
     donation_note: str = ""         # why nothing (or not more) was donated
-    source: str | None = None       # user line that caused the execution
+    source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
 
     @property
     def donated_bytes(self) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 import html
 from collections import defaultdict
 
+from .. import sources
 from ..record import GraphInfo
 
 MAX_BOXES = 300
@@ -22,24 +23,11 @@ class Box:
     title: str                 # first line: op name, input label, or group name
     subtitle: str              # second line: aval(s) or op count
     detail: str                # tooltip
-    source: str = ""           # third line: user source line
+    source: str = ""           # third line: user (and library) source line
     donated: bool = False
     output: bool = False
     split: bool = False
     preds: set = dataclasses.field(default_factory=set)
-
-
-# Set by the IPython extension: turns a cell's cache filename into "cell N line L".
-source_namer = None
-
-
-def short_source(source: str | None) -> str:
-    if not source:
-        return ""
-    where, _, func = source.partition(" in ")
-    path, _, line = where.rpartition(":")
-    named = source_namer(path, line) if source_namer else None
-    return named or f"{path.rsplit('/', 1)[-1]}:{line}"
 
 
 def boxes_for(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> tuple[list[Box], bool]:
@@ -54,9 +42,9 @@ def boxes_for(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> tuple[list[Box], 
         nodes = []
         for i, n in enumerate(graph.nodes):
             box = Box("node", f"%{i} {n.op.removeprefix('aten.').removesuffix('.default')}",
-                      ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{n.source or ''}"
+                      ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{sources.describe(n.source)}"
                       + ("\nthe graph is split here" if n.split else ""),
-                      source=short_source(n.source), output=i in outputs, split=n.split)
+                      source=sources.describe(n.source), output=i in outputs, split=n.split)
             for w in n.operands:
                 box.preds.add(w if isinstance(w, int) else len(params) + w[0])
             nodes.append(box)
@@ -68,8 +56,8 @@ def _grouped(graph: GraphInfo, offset: int, outputs: set, budget: int) -> list[B
     budget = max(budget, 1)
     count = len(graph.nodes)
     groupings = (
-        lambda i, n: n.source or "?",                                   # by source line
-        lambda i, n: (n.source or "?").partition(" in ")[2] or "?",     # by function
+        lambda i, n: sources.describe(n.source) or "?",                 # by source line
+        lambda i, n: _function(n.source),                               # by function
         lambda i, n: f"nodes {i * budget // count * count // budget}+",  # by runs of nodes
     )
     for grouping in groupings:
@@ -87,7 +75,7 @@ def _grouped(graph: GraphInfo, offset: int, outputs: set, budget: int) -> list[B
         for i in members[g]:
             ops[graph.nodes[i].op.removeprefix("aten.")] += 1
         top = ", ".join(f"{op} x{c}" for op, c in sorted(ops.items(), key=lambda kv: -kv[1])[:5])
-        box = Box("group", short_source(name) if " in " in str(name) else str(name)[:40],
+        box = Box("group", str(name)[:40],
                   f"{len(members[g])} ops", f"{name}\n{len(members[g])} ops: {top}",
                   output=any(i in outputs for i in members[g]))
         for i in members[g]:
@@ -98,6 +86,12 @@ def _grouped(graph: GraphInfo, offset: int, outputs: set, budget: int) -> list[B
                     box.preds.add(offset + group_of[w[0]])
         boxes.append(box)
     return boxes
+
+
+def _function(source) -> str:
+    """The function that recorded a node: the library's when there is one."""
+    frame = source and (source.library or source.user)
+    return frame.function if frame else "?"
 
 
 def layout(boxes: list[Box]) -> list[tuple[float, float]]:

@@ -82,7 +82,7 @@ def text(record: StepRecord, name: str | None = None, previous: StepRecord | Non
     lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
              f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
     if record.source:
-        lines.append(f"  at {graph_svg.short_source(record.source)}")
+        lines.append(f"  at {record.source}")
     lines.append(f"  key components ({_key_owner(record)}):")
     for c, v in record.components.items():
         lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
@@ -148,7 +148,7 @@ def timing_table(record: StepRecord) -> str:
 
 def _header_html(record: StepRecord, name: str | None) -> str:
     title = f"step {record.index}" + (f" [{html.escape(name)}]" if name else "")
-    where = f" at {html.escape(graph_svg.short_source(record.source))}" if record.source else ""
+    where = f" at {html.escape(record.source)}" if record.source else ""
     return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
             f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
 

@@ -1,0 +1,77 @@
+"""Each node keeps the user's line and the library line that recorded it; warnings
+and views name them as a person reads them."""
+import os
+import warnings
+
+import pytest
+import torch
+
+import xlakit
+from xlakit import frontend, sources
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+
+def tiny_gpt2():
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=16)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_nodes_keep_the_user_line_and_the_library_line(dev):
+    model = tiny_gpt2().to(dev)
+    ids = torch.tensor([[1, 2, 3]]).to(dev)
+    line = test_nodes_keep_the_user_line_and_the_library_line.__code__.co_firstlineno + 4
+    logits = model(ids).logits  # the user's line: every node has it
+    xlakit.sync([logits])
+    nodes = xlakit.last_step().graph.nodes
+    assert {n.source.user.file for n in nodes} == {__file__}
+    assert {n.source.user.line for n in nodes} == {line}
+    libraries = {os.path.basename(n.source.library.file) for n in nodes}
+    assert "modeling_gpt2.py" in libraries, libraries
+    assert not any(f.startswith(("torch", "xlakit")) for f in libraries)  # the machinery is never "the line"
+    block = next(n for n in nodes if n.source.library.file.endswith("modeling_gpt2.py"))
+    assert sources.describe(block.source) == (
+        f"test_sources.py:{line} -> modeling_gpt2.py:{block.source.library.line} in forward")
+
+
+def test_code_of_the_user_has_no_library_line(dev):
+    linear = torch.nn.Linear(3, 2).to(dev)
+    y = linear(torch.ones(3).to(dev))
+    xlakit.sync([y])
+    node = xlakit.last_step().graph.nodes[-1]
+    assert node.source.user.file == __file__ and node.source.library is None
+
+
+def test_fallback_warning_is_attributed_to_the_user_line(dev, monkeypatch):
+    monkeypatch.setattr(frontend, "_WARNED", set())  # each op warns once per process
+    x = torch.tensor([1.0, -1.0, 2.0], device=dev)
+    line = test_fallback_warning_is_attributed_to_the_user_line.__code__.co_firstlineno + 5
+    with pytest.warns(UserWarning, match="runs eagerly") as caught:
+        torch.nonzero(x > 0)
+    assert caught[0].filename == __file__ and caught[0].lineno == line
+    assert f"at test_sources.py:{line};" in str(caught[0].message)
+
+
+def test_a_notebook_cell_reads_as_cell_n_line_m(monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setattr(frontend, "_WARNED", set())
+    shell = InteractiveShell.instance()
+    shell.run_cell("import torch, warnings, xlakit\ndev = xlakit.device()", store_history=True)
+    number = shell.execution_count
+    result = shell.run_cell(
+        "x = torch.tensor([1.0, -1.0], device=dev)\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    nz = torch.nonzero(x > 0)\n"
+        "y = (x * 2).sum()\n"
+        "xlakit.sync([y])\n", store_history=True)
+    result.raise_error()
+    caught = shell.user_ns["caught"]
+    assert [(w.filename, w.lineno) for w in caught] == [(f"cell {number}", 4)]
+    assert f"at cell {number} line 4;" in str(caught[0].message)
+    record = xlakit.last_step()
+    assert record.source == f"cell {number} line 6"
+    assert sources.describe(record.graph.nodes[-1].source) == f"cell {number} line 5"
