@@ -23,7 +23,7 @@ class Box:
     title: str                 # first line: op name, input label, or group name
     subtitle: str              # second line: aval(s) or op count
     detail: str                # tooltip
-    source: str = ""           # third line: user (and library) source line
+    source: str = ""           # third line: the line that recorded it (the library's, if any)
     donated: bool = False
     output: bool = False
     split: bool = False
@@ -44,7 +44,7 @@ def boxes_for(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> tuple[list[Box], 
             box = Box("node", f"%{i} {n.op.removeprefix('aten.').removesuffix('.default')}",
                       ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{sources.describe(n.source)}"
                       + ("\nthe graph is split here" if n.split else ""),
-                      source=sources.describe(n.source), output=i in outputs, split=n.split)
+                      source=_innermost(n.source), output=i in outputs, split=n.split)
             for w in n.operands:
                 box.preds.add(w if isinstance(w, int) else len(params) + w[0])
             nodes.append(box)
@@ -88,9 +88,17 @@ def _grouped(graph: GraphInfo, offset: int, outputs: set, budget: int) -> list[B
     return boxes
 
 
+def _recording_frame(source):
+    """The line that recorded a node: the library's when there is one."""
+    return source and (source.library or source.user)
+
+
+def _innermost(source) -> str:
+    return sources.short(_recording_frame(source))
+
+
 def _function(source) -> str:
-    """The function that recorded a node: the library's when there is one."""
-    frame = source and (source.library or source.user)
+    frame = _recording_frame(source)
     return frame.function if frame else "?"
 
 
