@@ -94,10 +94,13 @@ def _apply(apply):
         before = _slots(self)
         memo: dict[int, tuple] = {}  # id -> (tensor, result); holding the tensor keeps its id unique
 
-        def once(t):  # a shared tensor is moved (uploaded) once
-            if id(t) not in memo:
-                memo[id(t)] = (t, fn(t))
-            return memo[id(t)][1]
+        def once(t):  # a shared tensor is moved (uploaded) to the device once
+            if id(t) in memo:
+                return memo[id(t)][1]
+            result = fn(t)
+            if isinstance(result, torch.Tensor) and result.device == DEVICE:  # other moves stay torch's
+                memo[id(t)] = (t, result)
+            return result
         _MOVING.active = True
         try:
             result = apply(self, once, recurse)
