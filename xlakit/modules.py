@@ -1,8 +1,11 @@
-"""What xlakit does for nn.Modules whose tensors are on the lazy device, the
-first time each module runs: names their parameters and buffers (for step
-records), and keeps their gradients free of view bases."""
+"""What xlakit does for nn.Modules whose tensors are on the lazy device: keeps
+shared parameters and buffers shared when they move there, and, the first time
+each module runs, names their parameters and buffers (for step records) and
+keeps their gradients free of view bases."""
 from __future__ import annotations
 
+import functools
+import threading
 import warnings
 import weakref
 
@@ -43,3 +46,72 @@ def _on_first_forward(module: torch.nn.Module, args) -> None:
 # module; ours is idempotent, so that is harmless.
 warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
 torch.nn.modules.module.register_module_forward_pre_hook(_on_first_forward)
+
+
+# -- shared parameters survive the move to the device ---------------------------
+# Module._apply (behind .to, .cuda-style helpers, to_empty, .half, ...) sets a
+# moved tensor with `param.data = new` only when the two tensor types are
+# compatible; a lazy tensor is not compatible with a CPU one, so every module
+# gets a new Parameter of its own. A Parameter shared by two modules (GPT-2's
+# LM head and token embedding) then becomes two, each receiving part of the
+# gradient: silently wrong training. load_state_dict(assign=True) unties the
+# same way. torch offers no hook inside _apply, so both are wrapped: within one
+# call, one tensor that lands on the lazy device stays one object everywhere.
+def _slots(module: torch.nn.Module):
+    """(store, name, tensor) for every parameter and buffer in the tree."""
+    return [(store, name, t) for m in module.modules() for store in (m._parameters, m._buffers)
+            for name, t in store.items() if t is not None]
+
+
+def _retie(before) -> None:
+    """Where one tensor stood in several places before and now stands on the
+    lazy device as several objects, put the first of them in every place."""
+    moved: dict[int, torch.Tensor] = {}
+    for store, name, old in before:
+        new = store.get(name)
+        if new is None or new is old or new.device != DEVICE:
+            continue
+        one = moved.setdefault(id(old), new)
+        if new is not one:
+            store[name] = one
+
+
+def _load_state_dict(load):
+    @functools.wraps(load)
+    def wrapper(self, *args, **kwargs):
+        before = _slots(self)
+        result = load(self, *args, **kwargs)
+        _retie(before)
+        return result
+    return wrapper
+
+
+def _apply(apply):
+    @functools.wraps(apply)
+    def wrapper(self, fn, recurse=True):
+        if _MOVING.active:  # _apply recurses into children; the outermost call reties
+            return apply(self, fn, recurse)
+        before = _slots(self)
+        memo: dict[int, tuple] = {}  # id -> (tensor, result); holding the tensor keeps its id unique
+
+        def once(t):  # a shared tensor is moved (uploaded) once
+            if id(t) not in memo:
+                memo[id(t)] = (t, fn(t))
+            return memo[id(t)][1]
+        _MOVING.active = True
+        try:
+            result = apply(self, once, recurse)
+        finally:
+            _MOVING.active = False
+        _retie(before)
+        return result
+    return wrapper
+
+
+class _Moving(threading.local):
+    active = False
+
+
+_MOVING = _Moving()
+torch.nn.Module._apply = _apply(torch.nn.Module._apply)
+torch.nn.Module.load_state_dict = _load_state_dict(torch.nn.Module.load_state_dict)
