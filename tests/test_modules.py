@@ -230,3 +230,46 @@ def test_gradients_do_not_keep_view_bases_alive(dev):
     opt.step()
     xlakit.mark_step()
     assert xlakit.last_step().num_outputs == 8  # 4 parameters, 4 gradients
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_activation_checkpointing_recomputes_on_the_device(dev, reentrant):
+    # torch.utils.checkpoint looks up torch.<device type>: it raised "module
+    # 'torch' has no attribute 'lazy'". Dropout in the segment: its recomputed
+    # mask must be the forward's (lazy random ops draw from the CPU generator,
+    # whose state checkpoint restores)
+    from torch.utils.checkpoint import checkpoint
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.5), nn.ReLU(), nn.Linear(32, 4)).to(dev)
+    x = torch.randn(16, 8).to(dev).requires_grad_()
+    grads = []
+    for checkpointed in (False, True):
+        torch.manual_seed(1)
+        out = checkpoint(model, x, use_reentrant=reentrant) if checkpointed else model(x)
+        out.square().mean().backward()
+        grads.append([p.grad.cpu() for p in model.parameters()] + [x.grad.cpu()])
+        model.zero_grad()
+        x.grad = None
+    xlakit.mark_step()
+    for plain, recomputed in zip(*grads):
+        torch.testing.assert_close(recomputed, plain, **TOL)
+    assert xlakit.metrics()["fallbacks"] == 0
+
+
+def test_autocast_around_a_lazy_model_warns_that_it_does_nothing(dev, monkeypatch):
+    # autocast casts only tensors of its own device type, by dispatch keys a lazy
+    # tensor lacks: every device_type ("cpu", "xla", "privateuseone") left a lazy
+    # model in float32 without a word, and torch refuses "lazy"
+    from xlakit import amp
+    monkeypatch.setattr(amp, "_WARNED", False)
+    torch.manual_seed(0)
+    model = mlp()
+    lazy = copy.deepcopy(model).to(dev)
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="unsupported autocast device_type 'lazy'"):
+        torch.autocast("lazy", dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.warns(UserWarning, match="autocast does not apply to tensors on the lazy device"):
+            out = lazy(x.to(dev))
+        assert model(x).dtype == torch.bfloat16
+    assert_same(out, model(x).detach(), **TOL)  # float32: autocast changed nothing

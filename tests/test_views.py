@@ -76,3 +76,24 @@ def test_a_buffer_read_by_a_live_view_is_never_donated(dev):
     assert [d.shape for d in record.donated] == [(6,)]
     assert view.cpu().tolist() == [20.0, 30.0]
     assert base.cpu().tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+
+
+@pytest.mark.parametrize("name", sorted(VIEWS))
+def test_views_in_inference_mode_are_eagers(dev, name):
+    # every view of a normal tensor raised "Cannot set version_counter for
+    # inference tensor" under torch.inference_mode (torch_xla 2.9 too); eager
+    # torch makes it a normal tensor, and an op's new result an inference tensor
+    make = VIEWS[name]
+
+    def program(base):
+        with torch.inference_mode():
+            view = make(base)
+            made = base * 2
+            made_view = make(made)
+            view.mul_(3)          # in-place on a view of a normal tensor: allowed in inference mode
+        return view, made, made_view, base
+
+    base = torch.arange(24.0).reshape(4, 6)
+    for got, want in zip(program(base.to(dev)), program(base.clone())):
+        assert got.is_inference() == want.is_inference()
+        assert_same(got, want)

@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
 
-from . import modules  # noqa: F401  - registers the module hook
+from . import amp, device_module, modules  # noqa: F401  - register module hooks and torch.lazy
 from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
 from .config import config
 from .labels import label

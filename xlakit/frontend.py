@@ -142,11 +142,21 @@ def _per_tensor_of_foreach(op):
     return None
 
 
+def _is_view_copy(op) -> bool:
+    """`t_copy`, `view_copy`, `split_copy`, ...: what functionalization records for a view op."""
+    name = op._overloadpacket.__name__
+    packet = getattr(aten, name.removesuffix("_copy"), None) if name.endswith("_copy") else None
+    if packet is None or op._overloadname not in packet.overloads():
+        return False
+    returns = getattr(packet, op._overloadname)._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+
+
 class _OpInfo:
     """What the frontend needs to know about one aten op, computed once."""
 
     __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach",
-                 "shape_only_random")
+                 "shape_only_random", "view_copy")
 
     def __init__(self, op):
         lift = op._overloadpacket.__name__ in _LIFT_SCALARS
@@ -162,6 +172,7 @@ class _OpInfo:
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
         self.shape_only_random = op._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
+        self.view_copy = _is_view_copy(op)
 
 
 def _op_info(op) -> _OpInfo:
@@ -383,7 +394,16 @@ def _record(func, args, kwargs):
     source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
-    outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+    if info.view_copy and torch.is_inference_mode_enabled() and not tensors[0].is_inference():
+        # In inference mode a view of a normal tensor is a normal tensor (eager
+        # torch). Functionalization gives the view's wrapper the inner value's
+        # inference-ness, then the base's version counter, which torch refuses
+        # for an inference tensor ("Cannot set version_counter for inference
+        # tensor": every view failed under torch.inference_mode, as in torch_xla).
+        with torch._C._InferenceMode(False):
+            outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+    else:
+        outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
 
 

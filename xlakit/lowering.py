@@ -120,12 +120,29 @@ def _allclose(op):
     return run
 
 
+def _weight_norm_interface_backward(op):
+    """weight_norm's fused backward has no lowering and no meta kernel (found by
+    Wav2Vec2's positional convolution: every step fell back to CPU). Eager
+    CPU's formula, in aten ops: with s = sum of grad_w * v over all dims but
+    `dim`, grad_g = s / norm and grad_v = (g / norm) * (grad_w - v * s / norm^2)."""
+    def run(grad_w, saved_v, saved_g, saved_norms, dim):
+        dim = dim % saved_v.dim()
+        norms = saved_norms.to(saved_g.dtype)
+        others = [d for d in range(saved_v.dim()) if d != dim]
+        sums = (grad_w * saved_v).sum(others, keepdim=True) if others else grad_w * saved_v
+        grad_g = sums / norms
+        grad_v = (saved_g / norms) * (grad_w - saved_v * (grad_g / norms))
+        return grad_v, grad_g
+    return run
+
+
 # Ops the frontend replaces at record time by a function of our own (given the op).
 OWN_DECOMPOSITIONS = {
     "aten::native_batch_norm": _batch_norm_stats_as_on_cpu,
     "aten::_native_batch_norm_legit": _batch_norm_stats_as_on_cpu,
     "aten::_native_batch_norm_legit_functional": _batch_norm_stats_as_on_cpu,
     "aten::allclose": _allclose,
+    "aten::_weight_norm_interface_backward": _weight_norm_interface_backward,
 }
 
 
