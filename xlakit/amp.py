@@ -11,11 +11,11 @@ always looks off there.
 """
 from __future__ import annotations
 
-import warnings
 
 import torch
 
-from .frontend import DEVICE, user_source
+from . import sources
+from .frontend import DEVICE
 
 _WARNED = False
 
@@ -28,10 +28,9 @@ def _on_forward(module: torch.nn.Module, args) -> None:
             isinstance(a, torch.Tensor) and a.device == DEVICE for a in args):
         return
     _WARNED = True
-    source = user_source()
-    warnings.warn("xlakit: torch.autocast does not apply to tensors on the lazy device: their ops run in "
-                  f"their inputs' dtypes{f' (at {source})' if source else ''}. For bfloat16 compute, cast "
-                  "the model and its floating-point inputs (model.to(torch.bfloat16)).", stacklevel=2)
+    sources.warn("xlakit: torch.autocast does not apply to tensors on the lazy device: their ops run in "
+                 "their inputs' dtypes. For bfloat16 compute, cast the model and its floating-point inputs "
+                 "(model.to(torch.bfloat16)).", sources.capture())
 
 
 torch.nn.modules.module.register_module_forward_pre_hook(_on_forward)
