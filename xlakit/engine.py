@@ -217,6 +217,11 @@ class Engine:
                 roots.append((t.node, t.index))
                 targets_by_root.append(t)
         graph = build_graph(roots)
+        if not full:
+            kept = _read_later(graph, live)
+            if kept:
+                roots += kept
+                graph = build_graph(roots)
         for p in graph.params:
             if p.donated:
                 raise RuntimeError(
@@ -442,6 +447,37 @@ def _depends_on(node: Node, target: Node) -> bool:
         seen.add(id(n))
         stack.extend(o[0] for o in n.operands if not isinstance(o, DeviceData))
     return False
+
+
+def _read_later(graph: Graph, live) -> list[tuple[Node, int]]:
+    """Outputs of `graph`'s nodes that live tensors, or pending IR outside the
+    graph, still read. A partial sync returns them too (no extra computation),
+    so later graphs start from them instead of computing them again: a decode
+    loop that reads one flag per token would otherwise recompute every earlier
+    token in each step, in an ever larger graph."""
+    inside = {id(n): pos for pos, n in enumerate(graph.nodes)}
+    found, seen, stack = set(), set(), []
+    for v in live:
+        if v.node is not None:
+            pos = inside.get(id(v.node))
+            if pos is None:
+                stack.append(v.node)
+            else:
+                found.add((pos, v.index))
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for operand in node.operands:
+            if operand.__class__ is tuple and computed_output(*operand) is None:
+                pos = inside.get(id(operand[0]))
+                if pos is None:
+                    stack.append(operand[0])
+                else:
+                    found.add((pos, operand[1]))
+    found.difference_update(graph.roots)
+    return [(graph.nodes[pos], index) for pos, index in sorted(found)]
 
 
 def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
