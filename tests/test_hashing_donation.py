@@ -86,6 +86,25 @@ def test_partial_sync_keeps_what_pending_work_still_reads(dev):
     assert len({r.key for r in reads}) == 2
 
 
+def test_a_miss_says_what_changed_since_the_step_before(dev):
+    for n in (4, 5, 6):
+        y = (torch.arange(float(n)).to(dev) * 2).roll(1)
+        xlakit.mark_step()
+    # of the cached keys as close as the previous step's, the newest is compared with
+    why = xlakit.last_step().why
+    assert why[0] == "input 0 now f32[6], was f32[5]"
+    assert why[1].startswith("node %0 now aten.mul.Tensor -> f32[6] at ")
+    assert why[1].endswith(", was aten.mul.Tensor -> f32[5]")
+    x = torch.arange(10.0).to(dev)
+    for shift in (3, 4):
+        y = x.roll(shift)
+        xlakit.mark_step()
+    # a changed constant argument is named
+    why = xlakit.last_step().why
+    assert why[0].startswith("node %0 aten.roll.default now ($0, (4,)) at ") and why[0].endswith(", was ($0, (3,))")
+    assert y.cpu().tolist() == torch.arange(10.0).roll(4).tolist()
+
+
 def _double_at_one_line(x):
     return x * 2 + 1
 

@@ -386,8 +386,9 @@ class Engine:
 
     def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
         """The cached executable whose key differs in the fewest components
-        (among those that ran: a step that failed to execute has no graph view)."""
-        entries = [e for e in self.cache.entries() if e.graph_infos]
+        (among those that ran: a step that failed to execute has no graph view);
+        of equals the most recently used, likely the step this one follows."""
+        entries = [e for e in reversed(self.cache.entries()) if e.graph_infos]
         return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
     def _run(self, entry, arrays: list, graph: Graph | None):
@@ -488,12 +489,18 @@ def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
     return info
 
 
+def _arguments(template) -> str:
+    """A node's arguments as text, operands as $0, $1, ..."""
+    args, kwargs = template
+    return ", ".join([*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs)])
+
+
 def _graph_info(graph: Graph, donors) -> GraphInfo:
     donor_set = set(donors)
     return GraphInfo(
         nodes=tuple(
             NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)),
-                     source=str(n.source) if n.source else None)
+                     source=str(n.source) if n.source else None, args=_arguments(n.template))
             for n, w in zip(graph.nodes, graph.wiring)
         ),
         params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set)

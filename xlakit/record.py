@@ -20,6 +20,7 @@ class NodeInfo:
     avals: tuple[str, ...]
     source: str | None
     split: bool = False          # the graph was cut here (an eager fallback or a sync)
+    args: str = ""               # its arguments, operands as $0, $1, ...: constants are in the key
 
 
 @dataclasses.dataclass(frozen=True)
