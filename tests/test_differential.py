@@ -19,6 +19,11 @@ CASES = {
         a.clone().addcmul_(b, b[0], value=0.7), torch.addcmul(a.double(), a, b),
         torch.addcmul((a * 9).long(), (a * 9).long(), (b * 9).long(), value=3)),
     "cat_stack": lambda a, b: (torch.cat([a, b]), torch.stack([a, b]).transpose(0, 2)),
+    # slices inside one input of a pending cat are taken from that input
+    "slices_of_cat": lambda a, b: (
+        torch.cat([a, b], 1)[:, -1:], torch.cat([a, b], 1)[:, 4:8], torch.cat([a, b], -1)[:, 5:7],
+        torch.cat([a, b], 1)[:, 3:5], torch.cat([a, b], 1)[:, 4::2], torch.cat([a, b])[2:, 1:],
+        torch.cat([a, b], 1)[:, 9:99], torch.cat([a.int(), b.long()], 1)[:, -1:], torch.cat([a, b], 1)[:, 5:5]),
 }
 
 

@@ -61,6 +61,50 @@ def test_partial_sync_never_donates(dev):
     assert t2.cpu().tolist() == [3] and t1.cpu().tolist() == [3]
 
 
+def _decode_like_loop(x, read):
+    """Each iteration reads one flag computed from a value that the next
+    iteration's pending work also needs (generate()'s stop check)."""
+    flags = []
+    for _ in range(5):
+        t = torch.tanh(x)
+        x, flag = t * 2 - 1, t.sum() > 0
+        del t
+        flags.append(read(flag))
+    return x, flags
+
+
+def test_partial_sync_keeps_what_pending_work_still_reads(dev):
+    eager_x, eager_flags = _decode_like_loop(torch.linspace(-1, 1, 6), bool)
+    x, flags = _decode_like_loop(torch.linspace(-1, 1, 6).to(dev), bool)
+    reads = xlakit.steps()
+    assert flags == eager_flags
+    torch.testing.assert_close(x.cpu(), eager_x)
+    # the tanh each read computed is kept: later reads start from it instead of
+    # recomputing every earlier iteration in an ever larger graph
+    assert [r.num_nodes for r in reads] == [3, 5, 5, 5, 5]  # then x * 2 - 1 from it, tanh, sum, > 0
+    assert all(r.num_outputs == 2 and r.donated == () for r in reads)
+    assert len({r.key for r in reads}) == 2
+
+
+def test_a_miss_says_what_changed_since_the_step_before(dev):
+    for n in (4, 5, 6):
+        y = (torch.arange(float(n)).to(dev) * 2).roll(1)
+        xlakit.mark_step()
+    # of the cached keys as close as the previous step's, the newest is compared with
+    why = xlakit.last_step().why
+    assert why[0] == "input 0 now f32[6], was f32[5]"
+    assert why[1].startswith("node %0 now aten.mul.Tensor -> f32[6] at ")
+    assert why[1].endswith(", was aten.mul.Tensor -> f32[5]")
+    x = torch.arange(10.0).to(dev)
+    for shift in (3, 4):
+        y = x.roll(shift)
+        xlakit.mark_step()
+    # a changed constant argument is named
+    why = xlakit.last_step().why
+    assert why[0].startswith("node %0 aten.roll.default now ($0, (4,)) at ") and why[0].endswith(", was ($0, (3,))")
+    assert y.cpu().tolist() == torch.arange(10.0).roll(4).tolist()
+
+
 def _double_at_one_line(x):
     return x * 2 + 1
 

@@ -217,6 +217,11 @@ class Engine:
                 roots.append((t.node, t.index))
                 targets_by_root.append(t)
         graph = build_graph(roots)
+        if not full:
+            kept = _read_later(graph, live)
+            if kept:
+                roots += kept
+                graph = build_graph(roots)
         for p in graph.params:
             if p.donated:
                 raise RuntimeError(
@@ -381,8 +386,9 @@ class Engine:
 
     def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
         """The cached executable whose key differs in the fewest components
-        (among those that ran: a step that failed to execute has no graph view)."""
-        entries = [e for e in self.cache.entries() if e.graph_infos]
+        (among those that ran: a step that failed to execute has no graph view);
+        of equals the most recently used, likely the step this one follows."""
+        entries = [e for e in reversed(self.cache.entries()) if e.graph_infos]
         return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
     def _run(self, entry, arrays: list, graph: Graph | None):
@@ -444,6 +450,37 @@ def _depends_on(node: Node, target: Node) -> bool:
     return False
 
 
+def _read_later(graph: Graph, live) -> list[tuple[Node, int]]:
+    """Outputs of `graph`'s nodes that live tensors, or pending IR outside the
+    graph, still read. A partial sync returns them too (no extra computation),
+    so later graphs start from them instead of computing them again: a decode
+    loop that reads one flag per token would otherwise recompute every earlier
+    token in each step, in an ever larger graph."""
+    inside = {id(n): pos for pos, n in enumerate(graph.nodes)}
+    found, seen, stack = set(), set(), []
+    for v in live:
+        if v.node is not None:
+            pos = inside.get(id(v.node))
+            if pos is None:
+                stack.append(v.node)
+            else:
+                found.add((pos, v.index))
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for operand in node.operands:
+            if operand.__class__ is tuple and computed_output(*operand) is None:
+                pos = inside.get(id(operand[0]))
+                if pos is None:
+                    stack.append(operand[0])
+                else:
+                    found.add((pos, operand[1]))
+    found.difference_update(graph.roots)
+    return [(graph.nodes[pos], index) for pos, index in sorted(found)]
+
+
 def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
     """The entry's GraphInfo for this metadata; built once per (key, metadata)."""
     info = entry.graph_infos.get(key.metadata_digest)
@@ -452,11 +489,18 @@ def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
     return info
 
 
+def _arguments(template) -> str:
+    """A node's arguments as text, operands as $0, $1, ..."""
+    args, kwargs = template
+    return ", ".join([*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs)])
+
+
 def _graph_info(graph: Graph, donors) -> GraphInfo:
     donor_set = set(donors)
     return GraphInfo(
         nodes=tuple(
-            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source)
+            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source,
+                     args=_arguments(n.template))
             for n, w in zip(graph.nodes, graph.wiring)
         ),
         params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set)

@@ -501,6 +501,44 @@ def _alias(x, *_, **__):
     return LazyTensor(x._state)
 
 
+def _slice_copy(*args, **kwargs):
+    piece = _slice_of_cat(*args, **kwargs)
+    return piece if piece is not None else _record(aten.slice_copy.Tensor, args, kwargs)
+
+
+def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
+    """A slice of a pending cat that lies inside one of its inputs, taken from
+    that input: generate() appends each token with cat and reads the last one
+    back, and its decode step should neither hold the growing cat nor change
+    shape with every token. None when that does not apply."""
+    operand = x._state.operand()
+    if operand.__class__ is not tuple or operand[0].op is not aten.cat.default or step != 1:
+        return None
+    node = operand[0]
+    cat_args, cat_kwargs = node.template
+    cat_dim = cat_args[1] if len(cat_args) > 1 else dict(cat_kwargs).get("dim", 0)
+    shape = node.avals[0].shape
+    if dim % len(shape) != cat_dim % len(shape):
+        return None
+    length = shape[dim]
+    start = 0 if start is None else min(max(start + length if start < 0 else start, 0), length)
+    end = length if end is None else min(max(end + length if end < 0 else end, 0), length)
+    offset = 0
+    for piece in node.operands:
+        data = piece if piece.__class__ is DeviceData else None
+        aval = data.aval if data is not None else piece[0].avals[piece[1]]
+        if len(aval.shape) != len(shape) or aval.dtype != x.dtype:
+            return None  # a skipped empty input, or a dtype that cat promotes
+        size = aval.shape[dim]
+        if offset <= start < end <= offset + size:
+            inner = new_tensor(aval, None if data else piece[0], 0 if data else piece[1], data)
+            if (start, end) == (offset, offset + size):
+                return inner
+            return _record(aten.slice_copy.Tensor, (inner, dim, start - offset, end - offset), {})
+        offset += size
+    return None
+
+
 def _local_scalar_dense(x):
     return to_host(x, trigger="item").item()
 
@@ -515,6 +553,7 @@ _SPECIAL = {id(op): handler for op, handler in {
     aten.lift_fresh.default: _alias,
     aten.clone.default: _alias,
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.slice_copy.Tensor: _slice_copy,
 }.items()}
 
 

@@ -99,9 +99,13 @@ def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph,
         lines += _differences("input", [p.aval for p in new_graph.params], [p.aval for p in old_graph.params],
                               limit)
     if "graph" in changed:
-        new_nodes = [(n.op, n.avals, n.operands) for n in new_graph.nodes]
-        old_nodes = [(n.op, n.avals, n.operands) for n in old_graph.nodes]
+        new_nodes = [(n.op, n.avals, n.operands, n.args) for n in new_graph.nodes]
+        old_nodes = [(n.op, n.avals, n.operands, n.args) for n in old_graph.nodes]
         for i, (a, b) in enumerate(zip(new_nodes, old_nodes)):
+            if a[:3] == b[:3] and a != b:  # a constant argument changed
+                node = new_graph.nodes[i]
+                lines.append(f"node %{i} {node.op} now ({node.args}){_at(node.source)}, was ({b[3]})")
+                break
             if a != b:
                 node = new_graph.nodes[i]
                 lines.append(f"node %{i} now {node.op} -> {', '.join(node.avals)}{_at(node.source)}, "

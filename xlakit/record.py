@@ -22,6 +22,7 @@ class NodeInfo:
     avals: tuple[str, ...]
     source: Source | None        # the user's line and the library line that recorded the op
     split: bool = False          # the graph was cut here (an eager fallback or a sync)
+    args: str = ""               # its arguments, operands as $0, $1, ...: constants are in the key
 
 
 @dataclasses.dataclass(frozen=True)
