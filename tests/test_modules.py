@@ -254,22 +254,3 @@ def test_activation_checkpointing_recomputes_on_the_device(dev, reentrant):
     for plain, recomputed in zip(*grads):
         torch.testing.assert_close(recomputed, plain, **TOL)
     assert xlakit.metrics()["fallbacks"] == 0
-
-
-def test_autocast_around_a_lazy_model_warns_that_it_does_nothing(dev, monkeypatch):
-    # autocast casts only tensors of its own device type, by dispatch keys a lazy
-    # tensor lacks: every device_type ("cpu", "xla", "privateuseone") left a lazy
-    # model in float32 without a word, and torch refuses "lazy"
-    from xlakit import amp
-    monkeypatch.setattr(amp, "_WARNED", False)
-    torch.manual_seed(0)
-    model = mlp()
-    lazy = copy.deepcopy(model).to(dev)
-    x = torch.randn(4, 8)
-    with pytest.raises(RuntimeError, match="unsupported autocast device_type 'lazy'"):
-        torch.autocast("lazy", dtype=torch.bfloat16)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        with pytest.warns(UserWarning, match="autocast does not apply to tensors on the lazy device"):
-            out = lazy(x.to(dev))
-        assert model(x).dtype == torch.bfloat16
-    assert_same(out, model(x).detach(), **TOL)  # float32: autocast changed nothing
