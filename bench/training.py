@@ -224,7 +224,7 @@ def memory():
             nn.functional.mse_loss(model(x), y).backward()
             opt.step()
             xlakit.mark_step()
-        entry = xlakit.engine.ENGINE.cache.get(xlakit.last_step().key)
+        entry = xlakit.engine.current().cache.get(xlakit.last_step().key)
         mem = entry.compiled.memory_analysis()
         peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes \
             + mem.temp_size_in_bytes

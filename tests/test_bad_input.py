@@ -28,7 +28,7 @@ def broken_sinh(monkeypatch):
     """torchax's sinh lowering raises (fault injection through its own override API)."""
     from xlakit import engine, frontend, lowering
     monkeypatch.setattr(frontend, "_WARNED", set())
-    monkeypatch.setattr(engine.ENGINE, "_warned_eager", set())
+    monkeypatch.setattr(engine.current(), "_warned_eager", set())
     monkeypatch.setattr(lowering, "FAILED", set())  # the op is remembered as failed in this test only
     env = torchax.default_env()
     sinh = torch.ops.aten.sinh.default

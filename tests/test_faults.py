@@ -10,7 +10,7 @@ import torch
 
 import xlakit
 from xlakit import lowering
-from xlakit.engine import ENGINE, StepExecutionError, StepFailedError
+from xlakit.engine import current, StepExecutionError, StepFailedError
 
 PROGRAM = ("import torch, xlakit, warnings\nwarnings.simplefilter('always')\n"
            "x = torch.arange(5.0).to(xlakit.device())\ny = (x * 7).cos().sum()\nxlakit.mark_step()\n"
@@ -114,7 +114,7 @@ def test_device_out_of_memory_is_a_clear_error_and_the_session_goes_on(dev):
     x = torch.arange(4.0).to(dev)
     y = x * 2
     xlakit.mark_step()
-    ENGINE.cache.clear()  # the failed step's executable is then the only one, with no graph view
+    current().cache.clear()  # the failed step's executable is then the only one, with no graph view
     huge = torch.zeros(2**46, dtype=torch.float32, device=dev)
     with pytest.raises(StepExecutionError,
                        match=r"could not run this step.*writes 281,474,976,710,656 bytes of outputs"):

@@ -7,7 +7,7 @@ import textwrap
 import torch
 
 import xlakit
-from xlakit import frontend
+from xlakit import engine, frontend
 from xlakit.notebook import render
 
 
@@ -223,7 +223,7 @@ def test_only_the_newest_records_are_kept(dev, monkeypatch):
 
 
 def _buffer_address(t: torch.Tensor) -> int:
-    return frontend.unwrap(t)._state.computed().array.unsafe_buffer_pointer()
+    return engine.current().read(frontend.unwrap(t)._state).array.unsafe_buffer_pointer()
 
 
 def test_each_donor_is_updated_in_place(dev):

@@ -152,7 +152,7 @@ _FALLBACK = re.compile(r"xlakit: (\S+) runs eagerly on CPU")
 def fallback_warnings(monkeypatch):
     """Every op that runs eagerly from here on warns again (they warn once per process)."""
     monkeypatch.setattr(frontend, "_WARNED", set())
-    monkeypatch.setattr(engine.ENGINE, "_warned_eager", set())
+    monkeypatch.setattr(engine.current(), "_warned_eager", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught

@@ -1,11 +1,10 @@
 """xlakit: run PyTorch programs lazily on XLA and see every step."""
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
-import torchax  # noqa: F401  - imported first: it names torch's privateuse1 backend
-
-from . import amp, device_module, modules  # noqa: F401  - register module hooks and torch.lazy
+# Importing changes nothing global in torch or JAX: xlakit.device() installs what
+# the lazy device needs (xlakit/runtime.py).
 from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
 from .config import config
 from .labels import label

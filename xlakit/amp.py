@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from . import sources
-from .engine import ENGINE
+from .engine import current
 from .frontend import DEVICE
 
 # PyTorch's CPU autocast policy, from the TORCH_LIBRARY_IMPL(aten, AutocastCPU, m)
@@ -151,7 +151,7 @@ def _autocast_enter(self):
     # The outermost CPU region pushes the mode. Regions that torch.compile and
     # torch.export enter (through torch.amp._enter_autocast) are theirs: Dynamo
     # forbids changes to the mode stack while it traces.
-    if (self.device == "cpu" and self._enabled and not _PUSHED.value and ENGINE.tensors
+    if (self.device == "cpu" and self._enabled and not _PUSHED.value and current().tensors
             and not torch.compiler.is_compiling() and sys._getframe(1).f_code is not _COMPILED_ENTER):
         _PUSHED.value = True
         self._xlakit_mode = _Autocast()
@@ -166,8 +166,6 @@ def _autocast_exit(self, *exc):
         mode.__exit__(*exc)
     return _exit(self, *exc)
 
-
-autocast.__enter__, autocast.__exit__ = _autocast_enter, _autocast_exit
 
 _WARNED_DEVICE = False
 
@@ -187,4 +185,7 @@ def _on_forward(module: torch.nn.Module, args) -> None:
                  "dtypes.", sources.capture())
 
 
-torch.nn.modules.module.register_module_forward_pre_hook(_on_forward)
+def install() -> None:
+    """Autocast regions of device type "cpu" cast lazy tensors; other device types warn."""
+    autocast.__enter__, autocast.__exit__ = _autocast_enter, _autocast_exit
+    torch.nn.modules.module.register_module_forward_pre_hook(_on_forward)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from .engine import ENGINE
-from .frontend import device, unwrap
+from .engine import current
+from . import runtime
+from .frontend import DEVICE, unwrap
 from .sources import user_line
 from .record import StepRecord
 
@@ -13,54 +14,61 @@ __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", 
            "clear_cache"]
 
 
+def device() -> torch.device:
+    """The lazy XLA device: whatever platform JAX runs on (CPU, GPU, TPU). The
+    first call installs what the device needs in torch and JAX (xlakit/runtime.py)."""
+    runtime.install()
+    return DEVICE
+
+
 def mark_step() -> None:
     """Step marker: compute all pending work of all live tensors; may donate."""
-    ENGINE.sync(trigger="mark_step", source=user_line())
+    current().sync(trigger="mark_step", source=user_line())
 
 
 def sync(tensors=None) -> None:
     """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
     if tensors is None:
-        ENGINE.sync(trigger="sync", source=user_line())
+        current().sync(trigger="sync", source=user_line())
     else:
-        ENGINE.sync(_lazy_tensors(tensors), trigger="sync", source=user_line())
+        current().sync(_lazy_tensors(tensors), trigger="sync", source=user_line())
 
 
 def wait() -> None:
     """Block until every dispatched step has finished executing. Only needed
     with `config.wait_for_execution = False` (tracing the next step while the
     device runs this one), e.g. to time steps or before reading StepRecords."""
-    ENGINE.wait()
+    current().wait()
 
 
 def save(obj, path) -> None:
     """Like torch.save, with CPU copies; a partial sync that never donates."""
     lazy = _lazy_tensors(obj)
-    ENGINE.sync(lazy, trigger="save", source=user_line())
+    current().sync(lazy, trigger="save", source=user_line())
     torch.save(_to_cpu(obj), path)
 
 
 def steps() -> list[StepRecord]:
-    return list(ENGINE.records)
+    return list(current().records)
 
 
 def last_step() -> StepRecord | None:
-    return ENGINE.records[-1] if ENGINE.records else None
+    return current().records[-1] if current().records else None
 
 
 def metrics() -> dict[str, int]:
-    return ENGINE.metrics()
+    return current().metrics()
 
 
 def reset_metrics() -> None:
     """Zero the counters and forget step records; the caches stay."""
-    ENGINE.reset_metrics()
+    current().reset_metrics()
 
 
 def clear_cache() -> None:
     """Forget the in-memory executables (the disk cache stays): the next step of
     each graph compiles or loads from disk again."""
-    ENGINE.cache.clear()
+    current().cache.clear()
 
 
 def _is_lazy(t) -> bool:

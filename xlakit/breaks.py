@@ -15,8 +15,8 @@ import html
 import torch
 from torch.utils._pytree import tree_map_only
 
-from . import dynamo, sources
-from .engine import ENGINE
+from . import dynamo, runtime, sources
+from .engine import current
 from .frontend import DEVICE
 
 
@@ -83,6 +83,7 @@ class BreakReport:
 
 
 def explain(fn, *args, **kwargs) -> BreakReport:
+    runtime.install()
     fx, ops = _dynamo_fx(fn, args, kwargs)
     compiled, partitions, graphs = _dynamo_xlakit(fn, args, kwargs)
     paths = [fx, compiled, _lazy_xlakit(fn, args, kwargs)]
@@ -115,12 +116,12 @@ def _dynamo_fx(fn, args, kwargs):
 def _dynamo_xlakit(fn, args, kwargs):
     torch._dynamo.reset()
     f, a, k = _moved(fn, args, kwargs, "cpu")
-    first, before = len(dynamo.COMPILED), ENGINE.step_index
+    first, before = len(dynamo.COMPILED), current().step_index
     torch.compile(f, backend="xlakit")(*a, **k)
     graphs = dynamo.COMPILED[first:]
     why = [f"FX graph {g.index - first}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
            for g in graphs for s in g.splits]
-    return (PathReport("Dynamo -> HLO (xlakit backend)", ENGINE.step_index - before,
+    return (PathReport("Dynamo -> HLO (xlakit backend)", current().step_index - before,
                        sum(len(g.splits) for g in graphs), why),
             [g.partition for g in graphs], [g.graph for g in graphs])
 
@@ -129,11 +130,11 @@ def _lazy_xlakit(fn, args, kwargs):
     f, a, k = _moved(fn, args, kwargs, DEVICE)
     from . import api
 
-    before = ENGINE.step_index
+    before = current().step_index
     out = f(*a, **k)  # kept alive through the step marker, or nothing is left to compute
     api.mark_step()
     del out
-    records = ENGINE.records_since(before)
+    records = current().records_since(before)
     implicit = [r for r in records if r.trigger not in ("mark_step", "sync")]
     why = [f"{r.trigger} at {r.source or '?'}" for r in implicit]
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)

@@ -37,5 +37,6 @@ def set_rng_state(state: torch.Tensor, device=None) -> None:
     torch.set_rng_state(state)
 
 
-if getattr(torch, "lazy", None) is None:
-    torch._register_device_module("lazy", sys.modules[__name__])
+def install() -> None:
+    if getattr(torch, "lazy", None) is None:
+        torch._register_device_module("lazy", sys.modules[__name__])

@@ -16,8 +16,8 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from . import transfer
-from .engine import ENGINE
+from . import runtime, transfer
+from .engine import current
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 from .ir import DeviceData, Frame, Source
 from .record import GraphInfo, NodeInfo, ParamInfo
@@ -64,13 +64,13 @@ class _Replay:
     def __call__(self, inputs: list):
         arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
                   for src in self.param_sources]
-        results = ENGINE.replay(self.entry, arrays, trigger="dynamo")
+        results = current().replay(self.entry, arrays, trigger="dynamo")
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
 
 
 def _device_array(t: torch.Tensor):
-    return unwrap(t)._state.computed().array if t.device == DEVICE else transfer.to_device(t)
+    return current().read(unwrap(t)._state).array if t.device == DEVICE else transfer.to_device(t)
 
 
 def _wrap_output(array, aval, like):
@@ -88,6 +88,7 @@ def _to_lazy(t):
 
 
 def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
+    runtime.install()
     record = CompiledGraph(index=len(COMPILED), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
                            executables=0, splits=[], partition={}, replays=False)
     COMPILED.append(record)
@@ -111,7 +112,7 @@ def _interpret(gm, inputs, record: CompiledGraph):
     value before that execution."""
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
-    before = ENGINE.step_index
+    before = current().step_index
     env: dict = {}
     placeholders = iter(lazy_inputs)
     outputs = None
@@ -120,12 +121,12 @@ def _interpret(gm, inputs, record: CompiledGraph):
             env[node.name] = next(placeholders)
         elif node.op == "call_function":
             args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-            executions_before = ENGINE.step_index
+            executions_before = current().step_index
             env[node.name] = node.target(*args, **kwargs)
-            if ENGINE.step_index > executions_before:  # this node forced an execution: a split
-                last = ENGINE.records[-1]
+            if current().step_index > executions_before:  # this node forced an execution: a split
+                last = current().records[-1]
                 record.splits.append(Split(node.name, str(node.target), last.trigger, _user_line(node)))
-            record.partition[node.name] = ENGINE.step_index - before
+            record.partition[node.name] = current().step_index - before
         elif node.op == "get_attr":
             env[node.name] = _to_lazy(getattr(gm, node.target))
         elif node.op == "output":
@@ -133,8 +134,8 @@ def _interpret(gm, inputs, record: CompiledGraph):
     flat = list(_flatten(outputs))
     output_values = [_pending_or_data(o) for o in flat]
     lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
-    execution = ENGINE.sync(lazy, trigger="dynamo") if lazy else None
-    record.executables = ENGINE.step_index - before
+    execution = current().sync(lazy, trigger="dynamo") if lazy else None
+    record.executables = current().step_index - before
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
 
@@ -213,7 +214,7 @@ def _outputs_like(outputs, inputs):
 
     def convert(o):
         if isinstance(o, LazyTensor):
-            return wrap(o) if lazy else transfer.to_host(o._state.computed().array, o.dtype)
+            return wrap(o) if lazy else transfer.to_host(current().read(o._state).array, o.dtype)
         if isinstance(o, (list, tuple)):
             return type(o)(convert(x) for x in o)
         return o

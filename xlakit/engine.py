@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import warnings
 
 import jax
 import torch
@@ -23,9 +22,6 @@ from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, T
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
 
-# JAX warns when a donated buffer cannot be aliased to an output; the plan only
-# donates buffers with a same-shaped output, so the warning is noise.
-warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 class StepFailedError(RuntimeError):
@@ -59,14 +55,6 @@ class LiveValue:
         self.resolve()
         return self.data if self.data is not None else (self.node, self.index)
 
-    def computed(self) -> DeviceData:
-        self.check_usable()
-        self.resolve()
-        if ENGINE.in_flight:  # executions may run ahead: a fault shows here, as a clear error
-            ENGINE.wait()
-        if self.data is None:
-            raise RuntimeError("xlakit internal error: value read before it was computed")
-        return self.data
 
     def resolve(self) -> None:
         """Swap a pending node output for its device data once it was computed."""
@@ -83,14 +71,13 @@ class LiveValue:
 
 
 class Engine:
-    def __init__(self):
+    def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
         self.tensors: dict[int, tuple[LiveValue, torch._C._WeakTensorRef]] = {}
         self._prune_at = 10_000
         # called before each step marker (the frontend stamps tensor labels)
         self.before_step: list = []
-        self.cache = cache_mod.ExecutableCache(config.cache_size)
-        self.cache_dir = cache_mod.enable_persistent_cache(cache_mod.default_cache_dir())
-        self.persistent_hits = cache_mod.PersistentHits()
+        self.cache = cache
+        self.persistent_hits = persistent_hits
         # the newest records; a long training run must not grow memory without bound
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
@@ -111,6 +98,23 @@ class Engine:
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
         return self.tensors[tensor._cdata][0]
+
+    def read(self, value: LiveValue) -> DeviceData:
+        """The device data of a computed value; waits for executions dispatched ahead,
+        so a fault shows here, as a clear error."""
+        value.check_usable()
+        value.resolve()
+        if self.in_flight:
+            self.wait()
+        if value.data is None:
+            raise RuntimeError("xlakit internal error: value read before it was computed")
+        return value.data
+
+    def count_fallback(self) -> None:
+        self.counters["fallbacks"] += 1
+
+    def add_trace_time(self, seconds: float) -> None:
+        self.trace_seconds += seconds
 
     def live_values(self) -> list[LiveValue]:
         """Values of tensors still alive; forget the rest."""
@@ -509,4 +513,12 @@ def _graph_info(graph: Graph, donors) -> GraphInfo:
     )
 
 
-ENGINE = Engine()
+_CURRENT: Engine | None = None
+
+
+def current() -> Engine:
+    """The process's engine, created on first use."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = Engine(cache_mod.ExecutableCache(config.cache_size), cache_mod.PersistentHits())
+    return _CURRENT

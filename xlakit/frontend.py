@@ -8,6 +8,7 @@ wrapper to a new `LazyTensor`.
 """
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 
@@ -17,19 +18,21 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from . import lowering, sources, transfer
 from .config import config
-from .engine import ENGINE, LiveValue
+from .engine import LiveValue, current
 from .ir import Aval, DeviceData, Node
 from .lowering import Slot, fill
 
 DEVICE = torch.device("lazy", 0)
 _META = torch.device("meta")
-_JAX = torch.device("jax", 0)  # the device torchax's lowerings expect in factory arguments
+
+
+@functools.cache
+def _jax_device() -> torch.device:
+    """The device torchax's lowerings expect in factory arguments (its import names it)."""
+    lowering.torchax()
+    return torch.device("jax", 0)
+
 aten = torch.ops.aten
-
-
-def device() -> torch.device:
-    """The lazy XLA device: whatever platform JAX runs on (CPU, GPU, TPU)."""
-    return DEVICE
 
 
 class LazyTensor(torch.Tensor):
@@ -38,12 +41,12 @@ class LazyTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, state: LiveValue):
         t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
-        ENGINE.register(t, state)
+        current().register(t, state)
         return t
 
     @property
     def _state(self) -> LiveValue:
-        return ENGINE.value_of(self)
+        return current().value_of(self)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -53,7 +56,7 @@ class LazyTensor(torch.Tensor):
         try:
             return _dispatch(func, args, kwargs or {})
         finally:
-            ENGINE.trace_seconds += time.perf_counter() - start
+            current().add_trace_time(time.perf_counter() - start)
 
     def __repr__(self) -> str:
         return f"LazyTensor({self._state})"
@@ -88,8 +91,9 @@ def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
 
 def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
     state = inner._state
-    ENGINE.sync([state], trigger=trigger, source=sources.user_line())
-    return transfer.to_host(state.computed().array, inner.dtype)
+    engine = current()
+    engine.sync([state], trigger=trigger, source=sources.user_line())
+    return transfer.to_host(engine.read(state).array, inner.dtype)
 
 
 # -- recording ------------------------------------------------------------------
@@ -230,7 +234,7 @@ def _split_one(value, tensors: list, lifted: bool):
         tensors.append(value)
         return Slot(len(tensors) - 1), _LIFTED
     if isinstance(value, torch.device):
-        return (_JAX if value.type == "lazy" else value), str(value)
+        return (_jax_device() if value.type == "lazy" else value), str(value)
     return value, (value.__class__, value)
 
 
@@ -343,7 +347,7 @@ def _mutate(func, functional, args, kwargs):
         value = _copy(*args, **kwargs)
     else:
         value = _dispatch(functional, args, kwargs)
-    ENGINE.register(self, value._state)
+    current().register(self, value._state)
     return self
 
 
@@ -367,7 +371,7 @@ def _write_out(functional, args, kwargs):
     if value.shape != out.shape:  # resize out's TensorImpl in place (the guard: set_data's type check)
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
             out.data = value
-    ENGINE.register(out, value._state)
+    current().register(out, value._state)
     return out
 
 
@@ -435,12 +439,12 @@ def run_eagerly(func, args, kwargs, *, reason: str):
             f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
             "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
         )
-    ENGINE.counters["fallbacks"] += 1
+    current().count_fallback()
     if func not in _WARNED:
         _WARNED.add(func)
         sources.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.", source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
-    ENGINE.sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
+    current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
 
     out = func(*_to_cpu(list(args)), **_to_cpu(kwargs))
     return _upload_outputs(out)
@@ -448,7 +452,7 @@ def run_eagerly(func, args, kwargs, *, reason: str):
 
 def _to_cpu(v):
     if isinstance(v, LazyTensor):
-        return transfer.to_host(v._state.computed().array, v.dtype)
+        return transfer.to_host(current().read(v._state).array, v.dtype)
     if isinstance(v, torch.device) and v.type == "lazy":
         return torch.device("cpu")
     if isinstance(v, (list, tuple)):
@@ -654,13 +658,21 @@ def _functionalized_inplace(inplace, functional):
     return kernel
 
 
-_LIBRARY = torch.library.Library("_", "IMPL")
-_LIBRARY.fallback(_lazy_backend, "Lazy")
-_FUNCTIONALIZE = torch.library.Library("aten", "IMPL", "Functionalize")
-with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
-    warnings.simplefilter("ignore")
-    _FUNCTIONALIZE.impl("lift_fresh", _lift_fresh_functionalize)
-    for _inplace, _functional in ((aten.addcmul_.default, aten.addcmul.default),
-                                  (aten.addcdiv_.default, aten.addcdiv.default),
-                                  (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
-        _FUNCTIONALIZE.impl(_inplace, _functionalized_inplace(_inplace, _functional))
+_LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
+
+
+def register_kernels() -> None:
+    """The lazy device's kernels in torch's dispatcher (runtime.install calls this once):
+    the Lazy key's fallback (factories, copies from the host) and xlakit's
+    Functionalize kernels (which serve every device)."""
+    lazy = torch.library.Library("_", "IMPL")
+    lazy.fallback(_lazy_backend, "Lazy")
+    functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
+    with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
+        warnings.simplefilter("ignore")
+        functionalize.impl("lift_fresh", _lift_fresh_functionalize)
+        for inplace, functional in ((aten.addcmul_.default, aten.addcmul.default),
+                                    (aten.addcdiv_.default, aten.addcdiv.default),
+                                    (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
+            functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
+    _LIBRARIES.extend((lazy, functionalize))

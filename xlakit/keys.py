@@ -11,9 +11,11 @@ import os
 import platform
 import re
 from functools import lru_cache
+from importlib import metadata
 
 from . import sources
 from .ir import Graph, digest
+from .version import __version__
 
 COMPONENTS = ("graph", "inputs", "donors", "backend", "flags")
 
@@ -57,11 +59,13 @@ def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str]) ->
 
 def compile_flags(matmul_precision: str, lowering_version: str) -> dict[str, str]:
     """Settings that change the compiled code; dump and debug flags are left out."""
-    xla_flags = " ".join(
-        f for f in os.environ.get("XLA_FLAGS", "").split() if not _DEBUG_FLAG.match(f)
-    )
-    return {"XLA_FLAGS": xla_flags, "matmul_precision": matmul_precision,
+    return {"XLA_FLAGS": compiler_xla_flags(), "matmul_precision": matmul_precision,
             "lowering": lowering_version}
+
+
+def compiler_xla_flags() -> str:
+    """XLA_FLAGS without dump, logging and debug flags: the ones that change compiled code."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not _DEBUG_FLAG.match(f))
 
 
 @lru_cache(maxsize=1)
@@ -69,16 +73,13 @@ def backend_description() -> dict[str, str]:
     import jax
     import jaxlib
     import torch
-    import torchax
-
-    from . import __version__
 
     device = jax.devices()[0]
     return {
         "python": platform.python_version(),
         "platform": device.platform, "device_kind": device.device_kind,
         "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-        "torchax": torchax.__version__, "torch": torch.__version__, "xlakit": __version__,
+        "torchax": metadata.version("torchax"), "torch": torch.__version__, "xlakit": __version__,
     }
 
 

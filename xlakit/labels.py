@@ -10,7 +10,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from .engine import ENGINE
+from .engine import current
 from .frontend import DEVICE, unwrap
 
 _NAMES = WeakTensorKeyDictionary()
@@ -54,5 +54,7 @@ def _label_optimizer_state(optimizer, args, kwargs) -> None:
                     _NAMES[value] = f"{owner}.{key}"
 
 
-ENGINE.before_step.append(_stamp_labels)
-register_optimizer_step_post_hook(_label_optimizer_state)
+def install() -> None:
+    """Stamp labels before every step marker; name optimizer state after each step."""
+    current().before_step.append(_stamp_labels)
+    register_optimizer_step_post_hook(_label_optimizer_state)

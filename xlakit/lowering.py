@@ -14,16 +14,12 @@ import jax
 import jax.numpy as jnp
 import torch
 import torch._decomp
-import torchax
-import torchax.tensor
 
 from . import sources
 from .ir import Aval, Graph, Node
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
 LOWERING_VERSION = "2"
-
-jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaults to 32 bits
 
 # torchax lowerings known to be silently wrong (measured on PyTorch's OpInfo
 # database); these ops run eagerly on CPU instead.
@@ -58,8 +54,18 @@ def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
 
 
 @functools.cache
-def _env() -> torchax.tensor.Environment:
-    return torchax.default_env()
+def torchax():
+    """torchax, imported on first use, not with xlakit: its import renames torch's
+    privateuse1 backend and sets JAX options, which `import xlakit` must not."""
+    import torchax
+    import torchax.tensor
+
+    return torchax
+
+
+@functools.cache
+def _env():
+    return torchax().default_env()
 
 
 # torchax's lowerings of these are missing or wrong (measured: batch norm
@@ -162,7 +168,7 @@ def _convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, 
     env = _env()
 
     def forward(x, w):
-        args = (torchax.tensor.Tensor(x, env), torchax.tensor.Tensor(w, env), None, stride, padding,
+        args = (torchax().tensor.Tensor(x, env), torchax().tensor.Tensor(w, env), None, stride, padding,
                 dilation, transposed, output_padding, groups)
         return env.dispatch(torch.ops.aten.convolution.default, (), args, {}).jax()
 
@@ -237,7 +243,7 @@ def has_lowering(op) -> bool:
         return False
     try:
         _env()._get_op_or_decomp(op)
-    except torchax.tensor.OperatorNotFound:
+    except torchax().tensor.OperatorNotFound:
         return False
     return True
 
@@ -330,7 +336,7 @@ def _host_argument(value, scalar: bool):
 
 def _replay(graph: Graph, *arrays):
     env = _env()
-    wrap = lambda a: torchax.tensor.Tensor(a, env)  # noqa: E731
+    wrap = lambda a: torchax().tensor.Tensor(a, env)  # noqa: E731
     params = [wrap(a) for a in arrays]
     outputs: list[list] = []
     for node, wires in zip(graph.nodes, graph.wiring):
@@ -369,7 +375,7 @@ def _replay(graph: Graph, *arrays):
 
 
 def _as_jax(value):
-    if isinstance(value, torchax.tensor.Tensor):
+    if isinstance(value, torchax().tensor.Tensor):
         return value.jax()
     return jnp.asarray(value)
 

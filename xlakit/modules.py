@@ -42,10 +42,6 @@ def _on_first_forward(module: torch.nn.Module, args) -> None:
             _REBASED[t] = t.register_post_accumulate_grad_hook(_rebase_grad)
 
 
-# torch.compile warns that global module hooks fire once more for its wrapper
-# module; ours is idempotent, so that is harmless.
-warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-torch.nn.modules.module.register_module_forward_pre_hook(_on_first_forward)
 
 
 # -- shared parameters survive the move to the device ---------------------------
@@ -116,5 +112,13 @@ class _Moving(threading.local):
 
 
 _MOVING = _Moving()
-torch.nn.Module._apply = _apply(torch.nn.Module._apply)
-torch.nn.Module.load_state_dict = _load_state_dict(torch.nn.Module.load_state_dict)
+
+
+def install() -> None:
+    """Name and rebase parameters at a module's first forward; keep shared tensors shared."""
+    # torch.compile warns that global module hooks fire once more for its wrapper
+    # module; ours is idempotent, so that is harmless.
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+    torch.nn.modules.module.register_module_forward_pre_hook(_on_first_forward)
+    torch.nn.Module._apply = _apply(torch.nn.Module._apply)
+    torch.nn.Module.load_state_dict = _load_state_dict(torch.nn.Module.load_state_dict)

@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from . import api
+from . import api, runtime
 from .frontend import DEVICE
 
 SAMPLES_PER_OP = 3
@@ -161,6 +161,8 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
 def sweep(limit: int | None = None, names: list[str] | None = None) -> dict[str, tuple[str, str]]:
     import torch._lazy
     from torch.testing._internal.common_methods_invocations import op_db
+
+    runtime.install()
 
     ops = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
     if names is not None:

@@ -19,7 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from .ir import digest
-from .keys import _DEBUG_FLAG
+from .keys import compiler_xla_flags
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
 
 INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch-xla]' "
@@ -49,7 +49,7 @@ def live_tensors() -> list[torch.Tensor]:
 def key_inputs(donor_count: int | str) -> dict[str, str]:
     """What torch_xla 2.9 folds into its compile-cache key besides the graph hash
     (labelled as torch_xla's, not xlakit's components)."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not _DEBUG_FLAG.match(f))
+    flags = compiler_xla_flags()
     return {
         "XLA_FLAGS (no dump flags)": digest(flags.encode()),
         "XLA_IR_DEBUG": os.environ.get("XLA_IR_DEBUG", "unset"),
