@@ -14,6 +14,7 @@ LAYERS = [
     {"version", "config", "ir", "transfer"},
     {"record", "sources"},
     {"keys", "cache", "lowering"},
+    {"stages"},
     {"engine"},
     {"frontend"},
     {"labels", "device_module"},

@@ -18,7 +18,7 @@ class Entry:
     compiled: object          # jax.stages.Compiled
     key: object               # keys.Key
     hlo: str                  # optimized HLO text, for views
-    uses: int = 0
+    uses: int = 0             # executions so far (the engine counts them as it runs)
     # GraphInfo per metadata digest: a hit with the same metadata reuses it.
     graph_infos: dict = dataclasses.field(default_factory=dict)
 
@@ -29,14 +29,13 @@ class ExecutableCache:
         self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
 
     def get(self, key: str) -> Entry | None:
+        """The entry for `key` (now the most recently used), or None."""
         entry = self._entries.get(key)
         if entry is not None:
             self._entries.move_to_end(key)
-            entry.uses += 1
         return entry
 
     def put(self, key: str, entry: Entry) -> None:
-        entry.uses = 1
         self._entries[key] = entry
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)

@@ -14,9 +14,9 @@ import jax
 import torch
 
 from . import cache as cache_mod
-from . import keys, lowering, sources, transfer
+from . import keys, lowering, sources, stages, transfer
 from .config import config
-from .ir import Aval, DeviceData, Graph, Node, build_graph, computed_output
+from .ir import Aval, DeviceData, Graph, Node, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
@@ -213,49 +213,13 @@ class Engine:
         return healthy
 
     def _execute(self, targets, live, *, full: bool, trigger: str, source: str | None):
-        """Compute `targets` in one executable; returns (cache entry, graph)."""
-        roots, targets_by_root, seen = [], [], set()
-        for t in targets:
-            if (id(t.node), t.index) not in seen:
-                seen.add((id(t.node), t.index))
-                roots.append((t.node, t.index))
-                targets_by_root.append(t)
-        graph = build_graph(roots)
-        if not full:
-            kept = _read_later(graph, live)
-            if kept:
-                roots += kept
-                graph = build_graph(roots)
-        for p in graph.params:
-            if p.donated:
-                raise RuntimeError(
-                    f"xlakit internal error: {p} was donated but a pending graph still reads it. "
-                    "Please report this with the program that caused it."
-                )
-        if full:
-            donors, note, order = self._plan_donation(graph, live, [t.label for t in targets_by_root])
-            roots = [roots[i] for i in order]
-            graph.roots = [graph.roots[i] for i in order]
-        else:
-            donors, note = (), "partial sync: never donates"
+        """Compute `targets` in one executable: cut -> plan -> key -> executable
+        -> run -> StepRecord. Returns (cache entry, graph)."""
+        planned = stages.plan(stages.cut(targets, live, full=full), live, full=full, donate=config.donate)
+        graph, donors = planned.graph, planned.donors
         flags = keys.compile_flags(lowering.matmul_precision(), lowering.LOWERING_VERSION)
         key = keys.compute_key(graph, donors, flags)
-
-        lower_s = compile_s = 0.0
-        changed: tuple[str, ...] = ()
-        why: tuple[str, ...] = ()
-        entry = self.cache.get(key.key)
-        if entry is not None:
-            outcome = "hit"
-            self.counters["cache_hits"] += 1
-        else:
-            closest = self._closest(key)
-            entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags)
-            if closest is not None:
-                changed = tuple(keys.diff(key.components, closest.key.components))
-                why = tuple(keys.explain_miss(key.components, _any_graph_info(entry, graph, donors, key),
-                                              closest.key.components,
-                                              next(iter(closest.graph_infos.values()))))
+        entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags)
 
         t3 = time.perf_counter()
         outputs = self._run(entry, [p.array for p in graph.params], graph)
@@ -267,20 +231,36 @@ class Engine:
             donated.append(DonatedBuffer(i, p.label, p.aval.shape, str(p.aval.dtype).removeprefix("torch."),
                                          p.aval.nbytes))
             p.donated, p.array = True, None
-        self._bind_results(graph, roots, outputs, targets)
+        self._bind_results(graph, planned.roots, outputs, targets)
 
         self._append_record(entry, key, _any_graph_info(entry, graph, donors, key), trigger=trigger,
-                            cache=outcome, donated=tuple(donated), changed=changed, why=why, note=note,
-                            source=source, timings=Timings(trace=self.trace_seconds, lower=lower_s,
-                                                           compile=compile_s, execute=execute_s,
-                                                           waited=config.wait_for_execution))
+                            cache=outcome, donated=tuple(donated), changed=changed, why=why,
+                            note=planned.note, source=source,
+                            timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
+                                            execute=execute_s, waited=config.wait_for_execution))
         return entry, graph
+
+    def _executable(self, graph: Graph, donors, key: keys.Key, flags):
+        """The cached executable for `key`, or a new one. On a miss, what differs
+        from the closest cached key is explained here, once.
+        Returns (entry, outcome, lower seconds, compile seconds, changed, why)."""
+        entry = self.cache.get(key.key)
+        if entry is not None:
+            self.counters["cache_hits"] += 1
+            return entry, "hit", 0.0, 0.0, (), ()
+        closest = self._closest(key)
+        entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags)
+        changed, why = (), ()
+        if closest is not None:
+            changed = tuple(keys.diff(key.components, closest.key.components))
+            why = tuple(keys.explain_miss(key.components, _any_graph_info(entry, graph, donors, key),
+                                          closest.key.components, next(iter(closest.graph_infos.values()))))
+        return entry, outcome, lower_s, compile_s, changed, why
 
     def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: str, source: str | None = None):
         """Run a cached executable on given input arrays (torch.compile's replay);
         nothing is donated. Returns its output arrays."""
         with self.lock:
-            entry.uses += 1
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
             outputs = self._run(entry, arrays, None)
@@ -335,59 +315,6 @@ class Engine:
         for t in targets:
             t.resolve()
 
-    def _plan_donation(self, graph: Graph, live, root_labels) -> tuple[tuple[int, ...], str, list[int]]:
-        """Donate a buffer iff no live tensor still holds it, it is writable,
-        and an output of the same shape and dtype can take its place.
-
-        Returns (donors, note, root order). JAX aliases each output to the
-        earliest unused donor of its shape, in output order; a parameter's
-        buffer given to, say, a gradient that is written while the parameter
-        is still read makes XLA copy donors first (measured on an MLP's AdamW
-        step: 32 copies, execution 16.8 ms; paired by label: 3 copies, 11.6 ms). So a donor goes to the output with its
-        own label (the same parameter or optimizer state, updated), and the
-        roots are ordered so that JAX's pairing is this plan's pairing. Labels
-        only choose the pairing: the key holds the resulting root order and
-        donors, so the key alone still determines the executable.
-        """
-        order = list(range(len(graph.roots)))
-        if not config.donate:
-            return (), "donation turned off (xlakit.config.donate)", order
-        held = {id(t.data) for t in live if t.data is not None}
-        root_avals = graph.root_avals
-        by_label = {}
-        for k in order:
-            if root_labels[k] is not None:
-                by_label.setdefault((root_labels[k], root_avals[k]), k)
-        taken: dict[int, int] = {}  # output -> donor
-        candidates, still_read, read_only = [], 0, 0
-        for i, p in enumerate(graph.params):
-            if p.read_only:
-                read_only += 1
-            elif id(p) in held:
-                still_read += 1
-            else:
-                k = by_label.get((p.label, p.aval)) if p.label is not None else None
-                if k is not None and k not in taken:
-                    taken[k] = i
-                else:
-                    candidates.append(i)
-        free = collections.defaultdict(list)
-        for k in order:
-            if k not in taken:
-                free[root_avals[k]].append(k)
-        for i in candidates:  # the rest go to any free output of their shape
-            outputs = free[graph.params[i].aval]
-            if outputs:
-                taken[outputs.pop(0)] = i
-        paired = sorted(taken, key=taken.get)
-        order = paired + [k for k in order if k not in taken]
-        reasons = []
-        if still_read:
-            reasons.append(f"{still_read} input(s) still referenced by live tensors")
-        if read_only:
-            reasons.append(f"{read_only} read-only input(s) (constants, scalars)")
-        return tuple(sorted(taken.values())), "; ".join(reasons), order
-
     def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
         """The cached executable whose key differs in the fewest components
         (among those that ran: a step that failed to execute has no graph view);
@@ -396,6 +323,7 @@ class Engine:
         return min(entries, key=lambda e: len(keys.diff(key.components, e.key.components)), default=None)
 
     def _run(self, entry, arrays: list, graph: Graph | None):
+        entry.uses += 1
         try:
             outputs = entry.compiled(*arrays)
             self.in_flight = outputs
@@ -452,37 +380,6 @@ def _depends_on(node: Node, target: Node) -> bool:
         seen.add(id(n))
         stack.extend(o[0] for o in n.operands if not isinstance(o, DeviceData))
     return False
-
-
-def _read_later(graph: Graph, live) -> list[tuple[Node, int]]:
-    """Outputs of `graph`'s nodes that live tensors, or pending IR outside the
-    graph, still read. A partial sync returns them too (no extra computation),
-    so later graphs start from them instead of computing them again: a decode
-    loop that reads one flag per token would otherwise recompute every earlier
-    token in each step, in an ever larger graph."""
-    inside = {id(n): pos for pos, n in enumerate(graph.nodes)}
-    found, seen, stack = set(), set(), []
-    for v in live:
-        if v.node is not None:
-            pos = inside.get(id(v.node))
-            if pos is None:
-                stack.append(v.node)
-            else:
-                found.add((pos, v.index))
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        for operand in node.operands:
-            if operand.__class__ is tuple and computed_output(*operand) is None:
-                pos = inside.get(id(operand[0]))
-                if pos is None:
-                    stack.append(operand[0])
-                else:
-                    found.add((pos, operand[1]))
-    found.difference_update(graph.roots)
-    return [(graph.nodes[pos], index) for pos, index in sorted(found)]
 
 
 def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:

@@ -1,0 +1,53 @@
+"""The stages of a sync called one by one: cut and plan are plain functions of
+the pending IR (no JAX), the key is computed from the planned graph."""
+import torch
+
+import xlakit
+from xlakit import engine, frontend, keys, stages
+
+
+def pending(dev):
+    """Two buffers, a weight updated in place and a gradient-like output of the same shape."""
+    w = torch.ones(4, device=dev)
+    x = torch.full((4,), 2.0, device=dev)
+    xlakit.mark_step()
+    g = x * 3           # an output of w's shape, computed first
+    w.add_(g)           # w's own update
+    value = frontend.unwrap(w)._state
+    return w, x, g, value
+
+
+def live():
+    return engine.current().live_values()
+
+
+def test_cut_takes_the_graph_of_the_targets(dev):
+    w, x, g, value = pending(dev)
+    cut = stages.cut([value], live(), full=True)
+    assert [str(n.op) for n in cut.graph.nodes] == ["aten.mul.Tensor", "aten.add.Tensor"]
+    assert cut.roots == [(value.node, value.index)]
+
+
+def test_plan_donates_only_at_step_markers_and_pairs_a_donor_with_its_own_update(dev):
+    w, x, g, value = pending(dev)
+    gv = frontend.unwrap(g)._state
+    value.label = "w"  # as labels.py stamps a parameter's name on its value before a step marker
+    cut = stages.cut([gv, value], live(), full=True)
+    partial = stages.plan(cut, live(), full=False, donate=True)
+    assert partial.donors == () and partial.note == "partial sync: never donates"
+    assert partial.graph is cut.graph
+    # x is still held by a live tensor; w's old buffer is not (w now points at its update)
+    params = cut.graph.params
+    w_index = next(i for i, p in enumerate(params) if p is not frontend.unwrap(x)._state.data)
+    params[w_index].label = "w"  # the old buffer carries its tensor's name
+    full = stages.plan(cut, live(), full=True, donate=True)
+    assert full.donors == (w_index,)
+    assert "still referenced by live tensors" in full.note
+    # w's update is moved first, so JAX pairs the donor with it, not with g's output
+    assert full.roots[0] == (value.node, value.index)
+    assert cut.graph.roots != full.graph.roots and cut.roots == [(gv.node, gv.index), (value.node, value.index)]
+    # the key is computed from the planned graph: donors and root order are in it
+    flags = {"f": "1"}
+    assert keys.compute_key(full.graph, full.donors, flags).key != keys.compute_key(cut.graph, (), flags).key
+    off = stages.plan(cut, live(), full=True, donate=False)
+    assert off.donors == () and "turned off" in off.note
