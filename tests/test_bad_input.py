@@ -26,10 +26,10 @@ def test_mixing_lazy_and_cpu_tensors_is_an_error(dev):
 @pytest.fixture
 def broken_sinh(monkeypatch):
     """torchax's sinh lowering raises (fault injection through its own override API)."""
-    from xlakit import engine, frontend, lowering
+    from xlakit import engine, frontend, ops
     monkeypatch.setattr(frontend, "_WARNED", set())
     monkeypatch.setattr(engine.current(), "_warned_eager", set())
-    monkeypatch.setattr(lowering, "FAILED", set())  # the op is remembered as failed in this test only
+    monkeypatch.setattr(ops, "FAILED", set())  # the op is remembered as failed in this test only
     env = torchax.default_env()
     sinh = torch.ops.aten.sinh.default
     saved = env._ops.get(sinh)

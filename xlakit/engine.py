@@ -14,7 +14,7 @@ import jax
 import torch
 
 from . import cache as cache_mod
-from . import keys, lowering, sources, transfer
+from . import keys, lowering, ops, sources, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, build_graph, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
@@ -153,6 +153,8 @@ class Engine:
                 executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
                 break
             except lowering.NodeLoweringError as error:
+                if error.remember:  # the op is at fault: later calls run eagerly at record time
+                    ops.remember_failure(error.node.op)
                 if not config.strict_lowering:
                     try:
                         self._compute_eagerly(error, live)

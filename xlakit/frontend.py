@@ -16,11 +16,12 @@ import torch
 import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from . import lowering, sources, transfer
+from . import lowering, ops, sources, transfer
 from .config import config
 from .engine import LiveValue, current
 from .ir import Aval, DeviceData, Node
 from .lowering import Slot, fill
+from .ops import Handling
 
 DEVICE = torch.device("lazy", 0)
 _META = torch.device("meta")
@@ -97,12 +98,6 @@ def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
 
 
 # -- recording ------------------------------------------------------------------
-# Scalar arguments of these ops enter the graph as 0-d inputs, so a changed
-# learning rate or momentum does not recompile.
-_LIFT_SCALARS = frozenset({
-    "add", "sub", "rsub", "mul", "div", "addcmul", "addcdiv", "lerp", "where",
-    "masked_fill", "fill", "clamp",
-})
 _LIFTED = ("lifted-scalar",)
 _SCALAR_CACHE: dict[tuple, DeviceData] = {}
 
@@ -157,13 +152,17 @@ def _is_view_copy(op) -> bool:
 
 
 class _OpInfo:
-    """What the frontend needs to know about one aten op, computed once."""
+    """What the frontend needs to know about one aten op, computed once: the
+    op table's policy (ops.policy), its implementations, and what the op's
+    schema says."""
 
-    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach",
-                 "shape_only_random", "view_copy")
+    __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
+                 "functional", "foreach", "shape_only_random", "view_copy", "cpu_indices")
 
     def __init__(self, op):
-        lift = op._overloadpacket.__name__ in _LIFT_SCALARS
+        policy = ops.policy(op)
+        self.special = _SPECIAL[ops.key(op)] if policy.handling is Handling.FRONTEND else None
+        lift = policy.lift_scalars
         # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
         # arguments of arithmetic ops, and Python floats where a Tensor is expected
         # (PyTorch's decompositions pass them so; torch treats them as 0-d tensors)
@@ -171,12 +170,15 @@ class _OpInfo:
                   for a in op._schema.arguments]
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
-        self.lowerable = lowering.has_lowering(op) and not _is_random(op)
+        self.lowerable = lowering.has_lowering(op)
+        self.eager_reason = policy.reason if policy.handling in (Handling.EAGER, Handling.RANDOM) \
+            else "no XLA lowering"
         self.decomposition = lowering.decomposition(op)
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
-        self.shape_only_random = op._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
+        self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
         self.view_copy = _is_view_copy(op)
+        self.cpu_indices = policy.cpu_indices
 
 
 def _op_info(op) -> _OpInfo:
@@ -283,9 +285,6 @@ def _to_meta(v):
     return v
 
 
-_CPU_INDICES_OK = frozenset({"index", "index_put", "_index_put_impl"})
-
-
 def _operand(value, func, source, tensors: list):
     """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
@@ -295,7 +294,7 @@ def _operand(value, func, source, tensors: list):
                            torch.get_default_dtype())
         return _lifted_scalar(value, float_dtype)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0 or func._overloadpacket.__name__ in _CPU_INDICES_OK:
+    if value.dim() == 0 or _op_info(func).cpu_indices:
         data = from_host(value)._state.data
         data.read_only = True
         return data
@@ -306,10 +305,9 @@ def _operand(value, func, source, tensors: list):
 
 
 def _dispatch(func, args, kwargs):
-    special = _SPECIAL.get(id(func))
-    if special is not None:
-        return special(*args, **kwargs)
     info = _op_info(func)
+    if info.special is not None:
+        return info.special(*args, **kwargs)
     if info.functional is not None:
         return _mutate(func, info.functional, args, kwargs)
     if info.foreach is not None:
@@ -393,8 +391,10 @@ def _record(func, args, kwargs):
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
-    if not info.lowerable or id(func) in lowering.FAILED:
-        return run_eagerly(func, args, kwargs, reason="no XLA lowering")
+    if not info.lowerable:
+        return run_eagerly(func, args, kwargs, reason=info.eager_reason)
+    if id(func) in ops.FAILED:
+        return run_eagerly(func, args, kwargs, reason="its XLA lowering failed")
     source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
@@ -409,21 +409,6 @@ def _record(func, args, kwargs):
     else:
         outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
-
-
-# Random ops that read only the shape and dtype of their tensor input.
-_SHAPE_ONLY_RANDOM = frozenset({"rand_like", "randn_like", "randint_like"})
-
-
-# Random ops whose schema has no generator argument.
-_RANDOM = _SHAPE_ONLY_RANDOM | {"rand", "randn", "randint", "randperm", "native_dropout"}
-
-
-def _is_random(func) -> bool:
-    # torchax draws random numbers from a key fixed at trace time, so a cached
-    # executable would repeat them: random ops run eagerly, seeded by torch.
-    return func._overloadpacket.__name__ in _RANDOM or any(
-        "Generator" in str(a.type) for a in func._schema.arguments)
 
 
 # -- eager fallback -----------------------------------------------------------
@@ -547,7 +532,8 @@ def _local_scalar_dense(x):
     return to_host(x, trigger="item").item()
 
 
-_SPECIAL = {id(op): handler for op, handler in {
+# The frontend's own handlers of the ops the op table marks Handling.FRONTEND.
+_SPECIAL = {ops.key(op): handler for op, handler in {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
     aten.detach.default: _alias,
@@ -559,6 +545,8 @@ _SPECIAL = {id(op): handler for op, handler in {
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.slice_copy.Tensor: _slice_copy,
 }.items()}
+if set(_SPECIAL) != ops.named(Handling.FRONTEND):
+    raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
 
 
 # -- the Lazy dispatch key: factories and copies from the host -------------------
