@@ -19,8 +19,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from . import lowering, ops, sources, transfer
 from .config import config
 from .engine import LiveValue, current
-from .ir import Aval, DeviceData, Node
-from .lowering import Slot, fill
+from .ir import Aval, DeviceData, Node, Slot, fill
 from .ops import Handling
 
 DEVICE = torch.device("lazy", 0)

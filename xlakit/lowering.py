@@ -17,7 +17,7 @@ import torch
 import torch._decomp
 
 from . import ops, sources
-from .ir import Aval, Graph, Node
+from .ir import Aval, Graph, Node, fill
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
@@ -353,33 +353,6 @@ def _as_jax(value):
     if isinstance(value, torchax().tensor.Tensor):
         return value.jax()
     return jnp.asarray(value)
-
-
-class Slot:
-    """Placeholder in a node's argument template for its i-th tensor operand."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"${self.index}"
-
-
-def fill(template, values):
-    """Rebuild (args, kwargs) from a node template, putting values[i] at Slot(i)."""
-    args, kwargs = template
-    return [_fill_one(a, values) for a in args], {k: _fill_one(v, values) for k, v in kwargs}
-
-
-def _fill_one(v, values):
-    # Module-level: a recursive closure would be a reference cycle holding `values`.
-    if isinstance(v, Slot):
-        return values[v.index]
-    if isinstance(v, tuple):
-        return [_fill_one(x, values) for x in v]
-    return v
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str):
