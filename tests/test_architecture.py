@@ -14,6 +14,7 @@ LAYERS = [
     {"version", "config", "ir", "transfer", "ops"},
     {"record", "sources"},
     {"keys", "cache", "lowering"},
+    {"eager"},
     {"engine"},
     {"frontend"},
     {"labels", "device_module"},

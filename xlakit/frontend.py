@@ -16,11 +16,11 @@ import torch
 import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from . import lowering, ops, sources, transfer
+from . import eager, lowering, ops, sources, transfer
 from .config import config
 from .engine import LiveValue, current
 from .ir import Aval, DeviceData, Node, Slot, fill
-from .ops import Handling
+from .ops import Handling, NeedsEager
 
 DEVICE = torch.device("lazy", 0)
 _META = torch.device("meta")
@@ -239,10 +239,6 @@ def _split_one(value, tensors: list, lifted: bool):
     return value, (value.__class__, value)
 
 
-class _NeedsEager(Exception):
-    """Shape inference says the op cannot be traced (data-dependent output)."""
-
-
 # memo: signature -> (output avals, output structure, node signature bytes)
 _SHAPES: dict = {}
 
@@ -259,10 +255,10 @@ def _infer(func, template, tensors, signature):
     try:
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
-        raise _NeedsEager("output shape depends on the data") from e
+        raise NeedsEager("output shape depends on the data") from e
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
-        raise _NeedsEager("returns Python values, not tensors")
+        raise NeedsEager("returns Python values, not tensors")
     # None: an output the op was asked not to compute (e.g. a backward's output_mask)
     avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
     structure = type(out) if isinstance(out, (tuple, list)) else None
@@ -385,7 +381,7 @@ def _record(func, args, kwargs):
     template, tensors, signature = _split(func, info, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
-    except _NeedsEager as e:
+    except NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
         where = sources.describe(sources.capture())
@@ -411,27 +407,20 @@ def _record(func, args, kwargs):
 
 
 # -- eager fallback -----------------------------------------------------------
-_WARNED: set = set()
-
-
 def run_eagerly(func, args, kwargs, *, reason: str):
-    """Run one op in eager torch on CPU: inputs by a partial sync, results uploaded."""
+    """Run one op in eager torch on CPU (eager.py): inputs by a partial sync, results uploaded."""
     source = sources.capture()
-    where = f" at {sources.describe(source)}" if source else ""
     if config.strict_lowering:
+        where = f" at {sources.describe(source)}" if source else ""
         raise NotImplementedError(
             f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
             "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
         )
     current().count_fallback()
-    if func not in _WARNED:
-        _WARNED.add(func)
-        sources.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.", source)
+    eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
-
-    out = func(*_to_cpu(list(args)), **_to_cpu(kwargs))
-    return _upload_outputs(out)
+    return _upload_outputs(eager.run(func, _to_cpu(list(args)), _to_cpu(kwargs)))
 
 
 def _to_cpu(v):

@@ -274,41 +274,6 @@ if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
     raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
 
 
-def run_on_cpu(node: Node, operands: list) -> list:
-    """Compute one node with eager torch on CPU from host tensors (its lowering
-    failed); returns its outputs as host tensors of the node's avals."""
-    for aval in node.avals:
-        if aval is not None:
-            jax_dtype(aval.dtype)  # a dtype XLA lacks cannot live on the device
-    args, kwargs = fill(node.template, operands)
-    schema = node.op._schema.arguments
-    scalar = {a.name for a in schema if str(a.type) in ("number", "Optional[number]")}
-    args = [_host_argument(v, i < len(schema) and schema[i].name in scalar) for i, v in enumerate(args)]
-    kwargs = {k: _host_argument(v, k in scalar) for k, v in kwargs.items()}
-    out = node.op(*args, **kwargs)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    results = []
-    for value, aval in zip(outs, node.avals):
-        if aval is None:
-            results.append(None)
-            continue
-        if tuple(value.shape) != aval.shape:
-            raise RuntimeError(f"eager {node.op} returned shape {tuple(value.shape)}, its meta kernel {aval.shape}")
-        results.append(value.to(aval.dtype))
-    return results
-
-
-def _host_argument(value, scalar: bool):
-    # the frontend lifts Scalar arguments to 0-d inputs and names the device "jax"
-    if scalar and isinstance(value, torch.Tensor):
-        return value.item()
-    if isinstance(value, torch.device) and value.type == "jax":
-        return torch.device("cpu")
-    if isinstance(value, list):
-        return [_host_argument(v, False) for v in value]
-    return value
-
-
 def _replay(graph: Graph, *arrays):
     env = _env()
     wrap = lambda a: torchax().tensor.Tensor(a, env)  # noqa: E731
