@@ -1,16 +1,16 @@
-"""The torch side: the lazy device, its tensors, and how aten ops become IR.
+"""The torch side: how aten ops on lazy tensors become IR.
 
-A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
-around a `LazyTensor`. PyTorch's functionalization layer turns views and
-in-place ops into functional ops before they reach `__torch_dispatch__`, so the
-IR holds only functional ops and an in-place update is a rebinding of the
-wrapper to a new `LazyTensor`.
+PyTorch's functionalization layer turns views and in-place ops into functional
+ops before they reach `LazyTensor.__torch_dispatch__` (tensor.py), so the IR
+holds only functional ops and an in-place update is a rebinding of the wrapper
+to a new `LazyTensor`. Each op is handled as the op table (ops.py) says:
+recorded as a node (shape and dtype from torch's meta kernels, memoized),
+decomposed, run eagerly on CPU (eager.py), or by a handler of its own here.
+xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
 import functools
-import time
-import warnings
 
 import torch
 import torch._decomp
@@ -18,11 +18,11 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 
 from . import eager, lowering, ops, sources, transfer
 from .config import config
-from .engine import LiveValue, current
+from .engine import current
 from .ir import Aval, DeviceData, Node, Slot, fill
 from .ops import Handling, NeedsEager
+from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
-DEVICE = torch.device("lazy", 0)
 _META = torch.device("meta")
 
 
@@ -33,67 +33,6 @@ def _jax_device() -> torch.device:
     return torch.device("jax", 0)
 
 aten = torch.ops.aten
-
-
-class LazyTensor(torch.Tensor):
-    """A torch tensor on the lazy device; its value is kept by the engine."""
-
-    @staticmethod
-    def __new__(cls, state: LiveValue):
-        t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
-        current().register(t, state)
-        return t
-
-    @property
-    def _state(self) -> LiveValue:
-        return current().value_of(self)
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        start = time.perf_counter()
-        try:
-            return _dispatch(func, args, kwargs or {})
-        finally:
-            current().add_trace_time(time.perf_counter() - start)
-
-    def __repr__(self) -> str:
-        return f"LazyTensor({self._state})"
-
-
-def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
-               data: DeviceData | None = None) -> LazyTensor:
-    return LazyTensor(LiveValue(aval, node, index, data))
-
-
-# -- wrapping -----------------------------------------------------------------
-def wrap(inner: LazyTensor) -> torch.Tensor:
-    return torch._to_functional_tensor(inner)
-
-
-def unwrap(t: torch.Tensor) -> LazyTensor:
-    """The LazyTensor currently behind a user-visible tensor."""
-    if isinstance(t, LazyTensor):
-        return t
-    if torch._is_functional_tensor(t):
-        torch._sync(t)
-        inner = torch._from_functional_tensor(t)
-        if isinstance(inner, LazyTensor):
-            return inner
-    raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
-
-
-def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
-    aval = Aval(tuple(t.shape), t.dtype)
-    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label))
-
-
-def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
-    state = inner._state
-    engine = current()
-    engine.sync([state], trigger=trigger, source=sources.user_line())
-    return transfer.to_host(engine.read(state).array, inner.dtype)
 
 
 # -- recording ------------------------------------------------------------------
@@ -537,35 +476,6 @@ if set(_SPECIAL) != ops.named(Handling.FRONTEND):
     raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
 
 
-# -- the Lazy dispatch key: factories and copies from the host -------------------
-def _lazy_backend(op, *args, **kwargs):
-    """Ops reach the Lazy key only when no argument is a LazyTensor (those stop
-    at the Python key first): factories with device=lazy and copies from CPU."""
-    if op in (aten._copy_from.default, aten._copy_from_and_resize.default):
-        src, dst = args[0], args[1]
-        value = src.to(dtype=dst.dtype)
-        if op is aten._copy_from.default:
-            value = value.expand(dst.shape)
-        return _replace(dst, from_host(value))
-    # A factory inside a functionalization kernel's redispatch (e.g. empty in
-    # eye.m, under linalg.matrix_power) must return a plain tensor: its caller
-    # wraps it. torch.tensor(...) also skips Functionalize, but skips Python
-    # too, and lifts a functional result itself.
-    below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
-             and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
-    wrap_ = _alias if below else wrap
-    out = kwargs.get("out")
-    if out is None and _op_info(op).lowerable:
-        return wrap_(_dispatch(op, args, kwargs))
-    host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
-    if out is not None:
-        op = _functional_variant(op)
-    result = op(*host_args, **host_kwargs)
-    if out is not None:
-        return _replace(out, from_host(result))
-    return wrap_(from_host(result))
-
-
 def _functional_variant(op):
     packet = op._overloadpacket
     name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
@@ -573,82 +483,4 @@ def _functional_variant(op):
     return getattr(packet, name) if name in packet.overloads() else packet.default
 
 
-def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
-    if torch._is_functional_tensor(dst):
-        torch._functionalize_replace(dst, inner)
-        torch._functionalize_commit_update(dst)
-        torch._sync(dst)
-        return dst
-    raise TypeError(f"cannot copy into {type(dst).__name__} on {dst.device}")
-
-
-def _lift_fresh_functionalize(t):
-    """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
-    makes a view of a temporary: in-place ops on the result would then update a
-    hidden base. A freshly made lazy tensor is its own base."""
-    if torch._is_functional_tensor(t):
-        return t if t.device.type == "lazy" else t.view_as(t)
-    return torch._to_functional_tensor(t)
-
-
-_SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
-
-
-def _functionalized_inplace(inplace, functional):
-    """PyTorch's functionalization of an in-place op, without its first step:
-    running the in-place op on meta copies to catch shape errors. For these
-    ops that check is a Python meta kernel costing 70-350 µs a call (measured:
-    addcdiv_ 365 µs against 27 µs for mul_, whose meta kernel is C++), most of
-    an optimizer step's tracing. The functional op's output already says what
-    the check would: its shape must be self's and its dtype castable to self's.
-    The rest mirrors PyTorch's generated kernel, for every device."""
-    def kernel(self, *args, **kwargs):
-        def unwrapped(a):
-            if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
-                torch._sync(a)
-                return torch._from_functional_tensor(a)
-            return a
-
-        inner_args = [unwrapped(a) for a in args]
-        inner_kwargs = {k: unwrapped(v) for k, v in kwargs.items()}
-        if not torch._is_functional_tensor(self):
-            if any(a is not b for a, b in zip((*args, *kwargs.values()), (*inner_args, *inner_kwargs.values()))):
-                raise RuntimeError(f"{inplace}: mutating a non-functional tensor with a functional tensor "
-                                   "is not allowed")
-            with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
-                return inplace(self, *args, **kwargs)
-        with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
-            out = functional(unwrapped(self), *inner_args, **inner_kwargs)
-        if out.shape != self.shape:
-            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
-                               f"{list(out.shape)}")
-        if not torch.can_cast(out.dtype, self.dtype):
-            raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
-        before = torch._from_functional_tensor(self)
-        torch._functionalize_replace(self, out)
-        torch._functionalize_commit_update(self)
-        torch._sync(self)
-        if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
-            torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
-        return self
-    return kernel
-
-
-_LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
-
-
-def register_kernels() -> None:
-    """The lazy device's kernels in torch's dispatcher (runtime.install calls this once):
-    the Lazy key's fallback (factories, copies from the host) and xlakit's
-    Functionalize kernels (which serve every device)."""
-    lazy = torch.library.Library("_", "IMPL")
-    lazy.fallback(_lazy_backend, "Lazy")
-    functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
-    with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
-        warnings.simplefilter("ignore")
-        functionalize.impl("lift_fresh", _lift_fresh_functionalize)
-        for inplace, functional in ((aten.addcmul_.default, aten.addcmul.default),
-                                    (aten.addcdiv_.default, aten.addcdiv.default),
-                                    (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
-            functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
-    _LIBRARIES.extend((lazy, functionalize))
+set_dispatcher(_dispatch)
