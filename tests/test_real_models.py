@@ -20,7 +20,7 @@ transformers = pytest.importorskip("transformers")
 
 import xlakit  # noqa: E402
 from conftest import assert_same  # noqa: E402
-from xlakit import engine, frontend  # noqa: E402
+from xlakit import eager  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # config nags about the tiny vocabularies
 
@@ -151,8 +151,7 @@ _FALLBACK = re.compile(r"xlakit: (\S+) runs eagerly on CPU")
 @pytest.fixture
 def fallback_warnings(monkeypatch):
     """Every op that runs eagerly from here on warns again (they warn once per process)."""
-    monkeypatch.setattr(frontend, "_WARNED", set())
-    monkeypatch.setattr(engine.current(), "_warned_eager", set())
+    monkeypatch.setattr(eager, "WARNED", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         yield caught

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import xlakit
-from xlakit import frontend, sources
+from xlakit import eager, sources
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -45,7 +45,7 @@ def test_code_of_the_user_has_no_library_line(dev):
 
 
 def test_fallback_warning_is_attributed_to_the_user_line(dev, monkeypatch):
-    monkeypatch.setattr(frontend, "_WARNED", set())  # each op warns once per process
+    monkeypatch.setattr(eager, "WARNED", set())  # each op warns once per process
     x = torch.tensor([1.0, -1.0, 2.0], device=dev)
     line = test_fallback_warning_is_attributed_to_the_user_line.__code__.co_firstlineno + 5
     with pytest.warns(UserWarning, match="runs eagerly") as caught:
@@ -57,7 +57,7 @@ def test_fallback_warning_is_attributed_to_the_user_line(dev, monkeypatch):
 def test_a_notebook_cell_reads_as_cell_n_line_m(monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
 
-    monkeypatch.setattr(frontend, "_WARNED", set())
+    monkeypatch.setattr(eager, "WARNED", set())
     shell = InteractiveShell.instance()
     shell.run_cell("import torch, warnings, xlakit\ndev = xlakit.device()", store_history=True)
     number = shell.execution_count

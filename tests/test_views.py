@@ -28,7 +28,7 @@ MUTATIONS = {
     "index_put_": lambda t: t.index_put_((torch.tensor([0]),), torch.tensor(9.0)),
     "clamp_": lambda t: t.clamp_(-0.5, 0.5),
     "setitem": lambda t: t.__setitem__(0, 4.0),
-    # functionalized by xlakit's own kernel (frontend._functionalized_inplace)
+    # functionalized by xlakit's own kernel (functionalization._functionalized_inplace)
     "addcmul_": lambda t: t.addcmul_(t, t, value=0.5),
     "addcdiv_": lambda t: t.addcdiv_(t, t.abs() + 1, value=-2),
     "lerp_": lambda t: t.lerp_(torch.full_like(t, 2.0), 0.25),

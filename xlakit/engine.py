@@ -14,7 +14,7 @@ import jax
 import torch
 
 from . import cache as cache_mod
-from . import keys, lowering, sources, stages, transfer
+from . import eager, keys, lowering, ops, sources, stages, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
@@ -84,7 +84,6 @@ class Engine:
         self.trace_seconds = 0.0
         self.step_index = 0
         self.lock = threading.RLock()
-        self._warned_eager: set[int] = set()  # ops whose failed lowering was announced
         # outputs of the newest execution; executions finish in order, so
         # waiting for these waits for all (config.wait_for_execution=False)
         self.in_flight: list = []
@@ -153,6 +152,8 @@ class Engine:
                 executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
                 break
             except lowering.NodeLoweringError as error:
+                if error.remember:  # the op is at fault: later calls run eagerly at record time
+                    ops.remember_failure(error.node.op)
                 if not config.strict_lowering:
                     try:
                         self._compute_eagerly(error, live)
@@ -179,11 +180,8 @@ class Engine:
         (its pending operands first, by a partial sync), as the frontend's
         fallback would have; the step then goes on without it."""
         node = error.node
-        where = f" at {sources.describe(node.source)}" if node.source else ""
-        if error.remember and id(node.op) not in self._warned_eager:  # the op runs eagerly from now on
-            self._warned_eager.add(id(node.op))
-            sources.warn(f"xlakit: {node.op} runs eagerly on CPU (its XLA lowering failed: {error.cause})"
-                         f"{where}; this splits the graph.", node.source)
+        if error.remember:  # the op runs eagerly from now on
+            eager.warn_once(node.op, f"its XLA lowering failed: {error.cause}", node.source)
         pending = {}
         for operand in node.operands:
             if operand.__class__ is tuple and computed_output(*operand) is None:
@@ -196,7 +194,7 @@ class Engine:
         for operand in node.operands:
             data = operand if operand.__class__ is not tuple else computed_output(*operand)
             host.append(transfer.to_host(data.array, data.aval.dtype))
-        outputs = lowering.run_on_cpu(node, host)
+        outputs = eager.run_node(node, host)
         node.results = [None if out is None else DeviceData(transfer.to_device(out), aval)
                         for out, aval in zip(outputs, node.avals)]
         self.counters["fallbacks"] += 1

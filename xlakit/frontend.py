@@ -1,28 +1,28 @@
-"""The torch side: the lazy device, its tensors, and how aten ops become IR.
+"""The torch side: how aten ops on lazy tensors become IR.
 
-A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
-around a `LazyTensor`. PyTorch's functionalization layer turns views and
-in-place ops into functional ops before they reach `__torch_dispatch__`, so the
-IR holds only functional ops and an in-place update is a rebinding of the
-wrapper to a new `LazyTensor`.
+PyTorch's functionalization layer turns views and in-place ops into functional
+ops before they reach `LazyTensor.__torch_dispatch__` (tensor.py), so the IR
+holds only functional ops and an in-place update is a rebinding of the wrapper
+to a new `LazyTensor`. Each op is handled as the op table (ops.py) says:
+recorded as a node (shape and dtype from torch's meta kernels, memoized),
+decomposed, run eagerly on CPU (eager.py), or by a handler of its own here.
+xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
 import functools
-import time
-import warnings
 
 import torch
 import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from . import lowering, sources, transfer
+from . import eager, lowering, ops, sources, transfer
 from .config import config
-from .engine import LiveValue, current
-from .ir import Aval, DeviceData, Node
-from .lowering import Slot, fill
+from .engine import current
+from .ir import Aval, DeviceData, Node, Slot, fill
+from .ops import Handling, NeedsEager
+from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
-DEVICE = torch.device("lazy", 0)
 _META = torch.device("meta")
 
 
@@ -35,74 +35,7 @@ def _jax_device() -> torch.device:
 aten = torch.ops.aten
 
 
-class LazyTensor(torch.Tensor):
-    """A torch tensor on the lazy device; its value is kept by the engine."""
-
-    @staticmethod
-    def __new__(cls, state: LiveValue):
-        t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
-        current().register(t, state)
-        return t
-
-    @property
-    def _state(self) -> LiveValue:
-        return current().value_of(self)
-
-    __torch_function__ = torch._C._disabled_torch_function_impl
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        start = time.perf_counter()
-        try:
-            return _dispatch(func, args, kwargs or {})
-        finally:
-            current().add_trace_time(time.perf_counter() - start)
-
-    def __repr__(self) -> str:
-        return f"LazyTensor({self._state})"
-
-
-def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
-               data: DeviceData | None = None) -> LazyTensor:
-    return LazyTensor(LiveValue(aval, node, index, data))
-
-
-# -- wrapping -----------------------------------------------------------------
-def wrap(inner: LazyTensor) -> torch.Tensor:
-    return torch._to_functional_tensor(inner)
-
-
-def unwrap(t: torch.Tensor) -> LazyTensor:
-    """The LazyTensor currently behind a user-visible tensor."""
-    if isinstance(t, LazyTensor):
-        return t
-    if torch._is_functional_tensor(t):
-        torch._sync(t)
-        inner = torch._from_functional_tensor(t)
-        if isinstance(inner, LazyTensor):
-            return inner
-    raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
-
-
-def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
-    aval = Aval(tuple(t.shape), t.dtype)
-    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label))
-
-
-def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
-    state = inner._state
-    engine = current()
-    engine.sync([state], trigger=trigger, source=sources.user_line())
-    return transfer.to_host(engine.read(state).array, inner.dtype)
-
-
 # -- recording ------------------------------------------------------------------
-# Scalar arguments of these ops enter the graph as 0-d inputs, so a changed
-# learning rate or momentum does not recompile.
-_LIFT_SCALARS = frozenset({
-    "add", "sub", "rsub", "mul", "div", "addcmul", "addcdiv", "lerp", "where",
-    "masked_fill", "fill", "clamp",
-})
 _LIFTED = ("lifted-scalar",)
 _SCALAR_CACHE: dict[tuple, DeviceData] = {}
 
@@ -157,13 +90,17 @@ def _is_view_copy(op) -> bool:
 
 
 class _OpInfo:
-    """What the frontend needs to know about one aten op, computed once."""
+    """What the frontend needs to know about one aten op, computed once: the
+    op table's policy (ops.policy), its implementations, and what the op's
+    schema says."""
 
-    __slots__ = ("scalar_args", "scalar_kwargs", "lowerable", "decomposition", "functional", "foreach",
-                 "shape_only_random", "view_copy")
+    __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
+                 "functional", "foreach", "shape_only_random", "view_copy", "cpu_indices")
 
     def __init__(self, op):
-        lift = op._overloadpacket.__name__ in _LIFT_SCALARS
+        policy = ops.policy(op)
+        self.special = _SPECIAL[ops.key(op)] if policy.handling is Handling.FRONTEND else None
+        lift = policy.lift_scalars
         # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
         # arguments of arithmetic ops, and Python floats where a Tensor is expected
         # (PyTorch's decompositions pass them so; torch treats them as 0-d tensors)
@@ -171,12 +108,15 @@ class _OpInfo:
                   for a in op._schema.arguments]
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
-        self.lowerable = lowering.has_lowering(op) and not _is_random(op)
+        self.lowerable = lowering.has_lowering(op)
+        self.eager_reason = policy.reason if policy.handling in (Handling.EAGER, Handling.RANDOM) \
+            else "no XLA lowering"
         self.decomposition = lowering.decomposition(op)
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
-        self.shape_only_random = op._overloadpacket.__name__ in _SHAPE_ONLY_RANDOM
+        self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
         self.view_copy = _is_view_copy(op)
+        self.cpu_indices = policy.cpu_indices
 
 
 def _op_info(op) -> _OpInfo:
@@ -238,10 +178,6 @@ def _split_one(value, tensors: list, lifted: bool):
     return value, (value.__class__, value)
 
 
-class _NeedsEager(Exception):
-    """Shape inference says the op cannot be traced (data-dependent output)."""
-
-
 # memo: signature -> (output avals, output structure, node signature bytes)
 _SHAPES: dict = {}
 
@@ -258,10 +194,10 @@ def _infer(func, template, tensors, signature):
     try:
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
-        raise _NeedsEager("output shape depends on the data") from e
+        raise NeedsEager("output shape depends on the data") from e
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
-        raise _NeedsEager("returns Python values, not tensors")
+        raise NeedsEager("returns Python values, not tensors")
     # None: an output the op was asked not to compute (e.g. a backward's output_mask)
     avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
     structure = type(out) if isinstance(out, (tuple, list)) else None
@@ -283,9 +219,6 @@ def _to_meta(v):
     return v
 
 
-_CPU_INDICES_OK = frozenset({"index", "index_put", "_index_put_impl"})
-
-
 def _operand(value, func, source, tensors: list):
     """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
@@ -295,7 +228,7 @@ def _operand(value, func, source, tensors: list):
                            torch.get_default_dtype())
         return _lifted_scalar(value, float_dtype)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0 or func._overloadpacket.__name__ in _CPU_INDICES_OK:
+    if value.dim() == 0 or _op_info(func).cpu_indices:
         data = from_host(value)._state.data
         data.read_only = True
         return data
@@ -306,10 +239,9 @@ def _operand(value, func, source, tensors: list):
 
 
 def _dispatch(func, args, kwargs):
-    special = _SPECIAL.get(id(func))
-    if special is not None:
-        return special(*args, **kwargs)
     info = _op_info(func)
+    if info.special is not None:
+        return info.special(*args, **kwargs)
     if info.functional is not None:
         return _mutate(func, info.functional, args, kwargs)
     if info.foreach is not None:
@@ -388,13 +320,15 @@ def _record(func, args, kwargs):
     template, tensors, signature = _split(func, info, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
-    except _NeedsEager as e:
+    except NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
-    if not info.lowerable or id(func) in lowering.FAILED:
-        return run_eagerly(func, args, kwargs, reason="no XLA lowering")
+    if not info.lowerable:
+        return run_eagerly(func, args, kwargs, reason=info.eager_reason)
+    if id(func) in ops.FAILED:
+        return run_eagerly(func, args, kwargs, reason="its XLA lowering failed")
     source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
@@ -411,43 +345,21 @@ def _record(func, args, kwargs):
     return structure(outputs) if structure is not None else outputs[0]
 
 
-# Random ops that read only the shape and dtype of their tensor input.
-_SHAPE_ONLY_RANDOM = frozenset({"rand_like", "randn_like", "randint_like"})
-
-
-# Random ops whose schema has no generator argument.
-_RANDOM = _SHAPE_ONLY_RANDOM | {"rand", "randn", "randint", "randperm", "native_dropout"}
-
-
-def _is_random(func) -> bool:
-    # torchax draws random numbers from a key fixed at trace time, so a cached
-    # executable would repeat them: random ops run eagerly, seeded by torch.
-    return func._overloadpacket.__name__ in _RANDOM or any(
-        "Generator" in str(a.type) for a in func._schema.arguments)
-
-
 # -- eager fallback -----------------------------------------------------------
-_WARNED: set = set()
-
-
 def run_eagerly(func, args, kwargs, *, reason: str):
-    """Run one op in eager torch on CPU: inputs by a partial sync, results uploaded."""
+    """Run one op in eager torch on CPU (eager.py): inputs by a partial sync, results uploaded."""
     source = sources.capture()
-    where = f" at {sources.describe(source)}" if source else ""
     if config.strict_lowering:
+        where = f" at {sources.describe(source)}" if source else ""
         raise NotImplementedError(
             f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
             "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
         )
     current().count_fallback()
-    if func not in _WARNED:
-        _WARNED.add(func)
-        sources.warn(f"xlakit: {func} runs eagerly on CPU ({reason}){where}; this splits the graph.", source)
+    eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
-
-    out = func(*_to_cpu(list(args)), **_to_cpu(kwargs))
-    return _upload_outputs(out)
+    return _upload_outputs(eager.run(func, _to_cpu(list(args)), _to_cpu(kwargs)))
 
 
 def _to_cpu(v):
@@ -547,7 +459,8 @@ def _local_scalar_dense(x):
     return to_host(x, trigger="item").item()
 
 
-_SPECIAL = {id(op): handler for op, handler in {
+# The frontend's own handlers of the ops the op table marks Handling.FRONTEND.
+_SPECIAL = {ops.key(op): handler for op, handler in {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
     aten.detach.default: _alias,
@@ -559,35 +472,8 @@ _SPECIAL = {id(op): handler for op, handler in {
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.slice_copy.Tensor: _slice_copy,
 }.items()}
-
-
-# -- the Lazy dispatch key: factories and copies from the host -------------------
-def _lazy_backend(op, *args, **kwargs):
-    """Ops reach the Lazy key only when no argument is a LazyTensor (those stop
-    at the Python key first): factories with device=lazy and copies from CPU."""
-    if op in (aten._copy_from.default, aten._copy_from_and_resize.default):
-        src, dst = args[0], args[1]
-        value = src.to(dtype=dst.dtype)
-        if op is aten._copy_from.default:
-            value = value.expand(dst.shape)
-        return _replace(dst, from_host(value))
-    # A factory inside a functionalization kernel's redispatch (e.g. empty in
-    # eye.m, under linalg.matrix_power) must return a plain tensor: its caller
-    # wraps it. torch.tensor(...) also skips Functionalize, but skips Python
-    # too, and lifts a functional result itself.
-    below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
-             and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
-    wrap_ = _alias if below else wrap
-    out = kwargs.get("out")
-    if out is None and _op_info(op).lowerable:
-        return wrap_(_dispatch(op, args, kwargs))
-    host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
-    if out is not None:
-        op = _functional_variant(op)
-    result = op(*host_args, **host_kwargs)
-    if out is not None:
-        return _replace(out, from_host(result))
-    return wrap_(from_host(result))
+if set(_SPECIAL) != ops.named(Handling.FRONTEND):
+    raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
 
 
 def _functional_variant(op):
@@ -597,82 +483,4 @@ def _functional_variant(op):
     return getattr(packet, name) if name in packet.overloads() else packet.default
 
 
-def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
-    if torch._is_functional_tensor(dst):
-        torch._functionalize_replace(dst, inner)
-        torch._functionalize_commit_update(dst)
-        torch._sync(dst)
-        return dst
-    raise TypeError(f"cannot copy into {type(dst).__name__} on {dst.device}")
-
-
-def _lift_fresh_functionalize(t):
-    """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
-    makes a view of a temporary: in-place ops on the result would then update a
-    hidden base. A freshly made lazy tensor is its own base."""
-    if torch._is_functional_tensor(t):
-        return t if t.device.type == "lazy" else t.view_as(t)
-    return torch._to_functional_tensor(t)
-
-
-_SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
-
-
-def _functionalized_inplace(inplace, functional):
-    """PyTorch's functionalization of an in-place op, without its first step:
-    running the in-place op on meta copies to catch shape errors. For these
-    ops that check is a Python meta kernel costing 70-350 µs a call (measured:
-    addcdiv_ 365 µs against 27 µs for mul_, whose meta kernel is C++), most of
-    an optimizer step's tracing. The functional op's output already says what
-    the check would: its shape must be self's and its dtype castable to self's.
-    The rest mirrors PyTorch's generated kernel, for every device."""
-    def kernel(self, *args, **kwargs):
-        def unwrapped(a):
-            if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
-                torch._sync(a)
-                return torch._from_functional_tensor(a)
-            return a
-
-        inner_args = [unwrapped(a) for a in args]
-        inner_kwargs = {k: unwrapped(v) for k, v in kwargs.items()}
-        if not torch._is_functional_tensor(self):
-            if any(a is not b for a, b in zip((*args, *kwargs.values()), (*inner_args, *inner_kwargs.values()))):
-                raise RuntimeError(f"{inplace}: mutating a non-functional tensor with a functional tensor "
-                                   "is not allowed")
-            with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
-                return inplace(self, *args, **kwargs)
-        with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
-            out = functional(unwrapped(self), *inner_args, **inner_kwargs)
-        if out.shape != self.shape:
-            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
-                               f"{list(out.shape)}")
-        if not torch.can_cast(out.dtype, self.dtype):
-            raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
-        before = torch._from_functional_tensor(self)
-        torch._functionalize_replace(self, out)
-        torch._functionalize_commit_update(self)
-        torch._sync(self)
-        if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
-            torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
-        return self
-    return kernel
-
-
-_LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
-
-
-def register_kernels() -> None:
-    """The lazy device's kernels in torch's dispatcher (runtime.install calls this once):
-    the Lazy key's fallback (factories, copies from the host) and xlakit's
-    Functionalize kernels (which serve every device)."""
-    lazy = torch.library.Library("_", "IMPL")
-    lazy.fallback(_lazy_backend, "Lazy")
-    functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
-    with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
-        warnings.simplefilter("ignore")
-        functionalize.impl("lift_fresh", _lift_fresh_functionalize)
-        for inplace, functional in ((aten.addcmul_.default, aten.addcmul.default),
-                                    (aten.addcdiv_.default, aten.addcdiv.default),
-                                    (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
-            functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
-    _LIBRARIES.extend((lazy, functionalize))
+set_dispatcher(_dispatch)

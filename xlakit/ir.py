@@ -86,12 +86,41 @@ class DeviceData:
         return f"DeviceData({self.aval}, {self.label or 'unlabelled'}, {state})"
 
 
+# -- a node's argument template ---------------------------------------------------
+class Slot:
+    """Placeholder in a node's argument template for its i-th tensor operand."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"${self.index}"
+
+
+def fill(template, values):
+    """Rebuild (args, kwargs) from a node template, putting values[i] at Slot(i)."""
+    args, kwargs = template
+    return [_fill_one(a, values) for a in args], {k: _fill_one(v, values) for k, v in kwargs}
+
+
+def _fill_one(v, values):
+    # Module-level: a recursive closure would be a reference cycle holding `values`.
+    if isinstance(v, Slot):
+        return values[v.index]
+    if isinstance(v, tuple):
+        return [_fill_one(x, values) for x in v]
+    return v
+
+
 class Node:
     """One recorded aten op.
 
     operands: the tensor inputs, each a `DeviceData` or a `(Node, output_index)`.
-    template: how to rebuild (args, kwargs) from operands; its constant leaves
-    are attributes. signature: canonical bytes of op, attributes and output
+    template: how to rebuild (args, kwargs) from operands (`fill`): a pair
+    (args tuple, kwargs tuple of (name, value)) with `Slot(i)` where operand i
+    goes and lists as tuples; its constant leaves are attributes. signature: canonical bytes of op, attributes and output
     avals, computed once at record time so hashing a graph stays cheap.
     results: device buffers of outputs already computed by an earlier sync.
     """

@@ -1,8 +1,9 @@
 """Graph -> jax function -> compiled executable.
 
-Each node is replayed through torchax's aten implementations (a well-kept
-library of ~440 lowerings) on tracers inside jax.jit; we write no lowerings
-of our own, only route around the ones known to be wrong.
+Each node is replayed on tracers inside jax.jit through the op table: torchax's
+aten implementations (a well-kept library of ~440 lowerings), or where the
+table's policy (ops.py) says so, xlakit's own lowerings, decompositions and
+guards, which this module implements.
 """
 from __future__ import annotations
 
@@ -15,24 +16,12 @@ import jax.numpy as jnp
 import torch
 import torch._decomp
 
-from . import sources
-from .ir import Aval, Graph, Node
+from . import ops, sources
+from .ir import Aval, Graph, Node, fill
+from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
 LOWERING_VERSION = "2"
-
-# torchax lowerings known to be silently wrong (measured on PyTorch's OpInfo
-# database); these ops run eagerly on CPU instead.
-KNOWN_WRONG = frozenset({
-    "aten::embedding_bag", "aten::_embedding_bag", "aten::polygamma", "aten::cauchy",
-    "aten::exponential", "aten::normal", "aten::allclose",
-    # found by xlakit.opinfo: UPLO ignored; 0.07 off on 5x5 matrices; hermitian=True
-    # reads the whole matrix, not one triangle
-    "aten::_linalg_eigh", "aten::linalg_matrix_exp", "aten::linalg_pinv",
-    # its lowering crashes, and eager CPU returns an empty offset2bag where the
-    # meta kernel says (n,): only a fallback at record time takes eager's shapes
-    "aten::_embedding_bag_forward_only",
-})
 
 _TORCH_TO_JAX = {
     torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
@@ -68,21 +57,6 @@ def _env():
     return torchax().default_env()
 
 
-# torchax's lowerings of these are missing or wrong (measured: batch norm
-# updates running_var with the biased variance; native_layer_norm_backward has
-# the wrong arity). The frontend replaces them, at record time, by PyTorch's
-# own decompositions into simpler aten ops.
-DECOMPOSED = frozenset({
-    "aten::native_layer_norm_backward",
-    "aten::native_batch_norm", "aten::_native_batch_norm_legit",
-    "aten::_native_batch_norm_legit_functional", "aten::_native_batch_norm_legit_no_training",
-    "aten::native_batch_norm_backward", "aten::native_dropout",
-    "aten::norm",  # found by xlakit.opinfo: the Frobenius norm was far off
-    # found by the shape check: its logsumexp output had a wrong shape
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-})
-
-
 def _batch_norm_stats_as_on_cpu(op):
     """PyTorch's batch norm decomposition returns, in eval mode on a non-CPU
     device, the running statistics as save_mean / save_invstd (as CUDA does);
@@ -106,7 +80,7 @@ def _batch_norm_stats_as_on_cpu(op):
 
 
 def _allclose(op):
-    """torchax's allclose is wrong (KNOWN_WRONG), its meta kernel calls .item()
+    """torchax's allclose is wrong (the op table says so), its meta kernel calls .item()
     and torchax has no isclose: torch's isclose, in ops that lower, then one
     read of the bool (a sync, as in eager)."""
     def run(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
@@ -142,8 +116,8 @@ def _weight_norm_interface_backward(op):
     return run
 
 
-# Ops the frontend replaces at record time by a function of our own (given the op).
-OWN_DECOMPOSITIONS = {
+# The op table's own decompositions (ops.Handling.OWN_DECOMPOSITION), given the op.
+_OWN_DECOMPOSITIONS = {
     "aten::native_batch_norm": _batch_norm_stats_as_on_cpu,
     "aten::_native_batch_norm_legit": _batch_norm_stats_as_on_cpu,
     "aten::_native_batch_norm_legit_functional": _batch_norm_stats_as_on_cpu,
@@ -153,11 +127,12 @@ OWN_DECOMPOSITIONS = {
 
 
 def decomposition(op):
-    """The function the frontend calls instead of recording `op`, or None."""
-    name = op_name(op)
-    if name in OWN_DECOMPOSITIONS:
-        return OWN_DECOMPOSITIONS[name](op)
-    if name in DECOMPOSED:
+    """The function the frontend calls instead of recording `op` (the op
+    table's policy says which), or None."""
+    handling = ops.policy(op).handling
+    if handling is Handling.OWN_DECOMPOSITION:
+        return _OWN_DECOMPOSITIONS[op_name(op)](op)
+    if handling is Handling.DECOMPOSED:
         return torch._decomp.decomposition_table[op]
     return None
 
@@ -221,8 +196,8 @@ def _pointwise_with_value(combine):
     return lowering
 
 
-# Lowerings xlakit writes itself, on jax arrays, where torchax has none or a wrong one.
-OWN_LOWERINGS = {
+# The op table's own lowerings (ops.Handling.OWN_LOWERING), on jax arrays.
+_OWN_LOWERINGS = {
     "aten::convolution_backward": _convolution_backward,
     "aten::max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
     "aten::linalg_vector_norm": _linalg_vector_norm,
@@ -237,9 +212,12 @@ def op_name(op) -> str:
 
 
 def has_lowering(op) -> bool:
-    if op_name(op) in OWN_LOWERINGS:
+    """Whether a node of `op` lowers: the op table's policy, and for ops it
+    leaves to torchax, whether torchax has an implementation."""
+    handling = ops.policy(op).handling
+    if handling is Handling.OWN_LOWERING:
         return True
-    if op_name(op) in KNOWN_WRONG:
+    if handling in (Handling.EAGER, Handling.RANDOM, Handling.RANDOM_LIKE):
         return False
     try:
         _env()._get_op_or_decomp(op)
@@ -248,20 +226,15 @@ def has_lowering(op) -> bool:
     return True
 
 
-# ids of ops whose lowering failed in this process: later calls run them eagerly
-FAILED: set[int] = set()
-
-
 class NodeLoweringError(RuntimeError):
     """One node could not be lowered; `node` says which and where. Unless
     config.strict_lowering is set, the engine then computes it eagerly on CPU.
-    `remember`: the op itself is at fault, so later calls run eagerly at once;
+    `remember`: the op itself is at fault, so later calls run eagerly at once
+    (the engine, which handles the error, tells the op table: ops.remember_failure);
     otherwise only these arguments are (an unsupported dtype, an access that XLA
     would clamp where eager torch raises)."""
 
     def __init__(self, node: Node, cause: BaseException, *, remember: bool = True):
-        if remember:
-            FAILED.add(id(node.op))
         where = f" at {sources.describe(node.source)}" if node.source else ""
         super().__init__(f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}")
         self.node, self.cause, self.remember = node, cause, remember
@@ -276,10 +249,6 @@ class NodeFailedError(RuntimeError):
         self.node, self.cause = node, cause
 
 
-class NeedsEager(Exception):
-    """A guard's verdict: eager torch, not XLA, must compute these arguments."""
-
-
 def _strided_in_bounds(self, size, stride, storage_offset=None):
     """A lazy tensor owns just its own elements, in row-major order; XLA clamps
     (as_strided) or drops (as_strided_scatter) an access past them, where eager
@@ -291,47 +260,18 @@ def _strided_in_bounds(self, size, stride, storage_offset=None):
         raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
 
 
-# Checks of a node's arguments (torchax tensors) before it is lowered.
-GUARDS = {
+# Checks of a node's arguments (torchax tensors) before it is lowered (ops.Policy.guard).
+_GUARDS = {
     "aten::as_strided": _strided_in_bounds,
     "aten::as_strided_copy": _strided_in_bounds,
     "aten::as_strided_scatter": lambda self, src, *args, **kwargs: _strided_in_bounds(self, *args, **kwargs),
 }
 
 
-def run_on_cpu(node: Node, operands: list) -> list:
-    """Compute one node with eager torch on CPU from host tensors (its lowering
-    failed); returns its outputs as host tensors of the node's avals."""
-    for aval in node.avals:
-        if aval is not None:
-            jax_dtype(aval.dtype)  # a dtype XLA lacks cannot live on the device
-    args, kwargs = fill(node.template, operands)
-    schema = node.op._schema.arguments
-    scalar = {a.name for a in schema if str(a.type) in ("number", "Optional[number]")}
-    args = [_host_argument(v, i < len(schema) and schema[i].name in scalar) for i, v in enumerate(args)]
-    kwargs = {k: _host_argument(v, k in scalar) for k, v in kwargs.items()}
-    out = node.op(*args, **kwargs)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
-    results = []
-    for value, aval in zip(outs, node.avals):
-        if aval is None:
-            results.append(None)
-            continue
-        if tuple(value.shape) != aval.shape:
-            raise RuntimeError(f"eager {node.op} returned shape {tuple(value.shape)}, its meta kernel {aval.shape}")
-        results.append(value.to(aval.dtype))
-    return results
-
-
-def _host_argument(value, scalar: bool):
-    # the frontend lifts Scalar arguments to 0-d inputs and names the device "jax"
-    if scalar and isinstance(value, torch.Tensor):
-        return value.item()
-    if isinstance(value, torch.device) and value.type == "jax":
-        return torch.device("cpu")
-    if isinstance(value, list):
-        return [_host_argument(v, False) for v in value]
-    return value
+# The op table names what this module implements, no more, no less.
+if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
+        or set(_OWN_LOWERINGS) != ops.named(Handling.OWN_LOWERING) or set(_GUARDS) != ops.guarded()):
+    raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
 
 
 def _replay(graph: Graph, *arrays):
@@ -343,14 +283,14 @@ def _replay(graph: Graph, *arrays):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
         args, kwargs = fill(node.template, operands)
         name = op_name(node.op)
-        own = OWN_LOWERINGS.get(name)
+        policy = ops.policy(node.op)
+        own = _OWN_LOWERINGS[name] if policy.handling is Handling.OWN_LOWERING else None
         try:
             for aval in node.avals:
                 if aval is not None and aval.dtype not in _TORCH_TO_JAX:
                     raise NeedsEager(f"XLA has no {aval.dtype}")
-            guard = GUARDS.get(name)
-            if guard is not None:
-                guard(*args, **kwargs)
+            if policy.guard:
+                _GUARDS[name](*args, **kwargs)
             if own is not None:
                 args, kwargs = env.t2j_iso((args, kwargs))
                 result = own(*args, **kwargs)
@@ -378,33 +318,6 @@ def _as_jax(value):
     if isinstance(value, torchax().tensor.Tensor):
         return value.jax()
     return jnp.asarray(value)
-
-
-class Slot:
-    """Placeholder in a node's argument template for its i-th tensor operand."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def __repr__(self) -> str:
-        return f"${self.index}"
-
-
-def fill(template, values):
-    """Rebuild (args, kwargs) from a node template, putting values[i] at Slot(i)."""
-    args, kwargs = template
-    return [_fill_one(a, values) for a in args], {k: _fill_one(v, values) for k, v in kwargs}
-
-
-def _fill_one(v, values):
-    # Module-level: a recursive closure would be a reference cycle holding `values`.
-    if isinstance(v, Slot):
-        return values[v.index]
-    if isinstance(v, tuple):
-        return [_fill_one(x, values) for x in v]
-    return v
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str):

@@ -10,7 +10,7 @@ import warnings
 
 import jax
 
-from . import amp, cache, device_module, frontend, labels, lowering, modules
+from . import amp, cache, device_module, functionalization, labels, lowering, modules
 
 _LOCK = threading.Lock()
 _INSTALLED = False
@@ -30,7 +30,7 @@ def install() -> None:
         # JAX warns when a donated buffer cannot be aliased to an output; the plan
         # only donates buffers with a same-shaped output, so the warning is noise.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        frontend.register_kernels()
+        functionalization.register_kernels()
         device_module.install()
         modules.install()
         labels.install()

@@ -1,0 +1,167 @@
+"""The op table's policy: for each aten op, how xlakit handles it, and why.
+
+One table, read by the frontend at record time and by the lowering at compile
+time. An op not named here is lowered by the op table (today: torchax's
+aten -> JAX implementations) if it has an entry there, and otherwise runs
+eagerly on CPU ("no XLA lowering"); an op with a Generator argument is random.
+The implementations the table points at live where they run: own
+decompositions, own lowerings and guards in lowering.py (keyed by op name),
+the frontend's own handlers in frontend.py; both check on import that they
+implement exactly what the table names.
+
+Keys are `op._schema.name` ("aten::norm": every overload), or that name plus
+the overload ("aten::copy.default": this overload only, which wins).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Handling(enum.Enum):
+    LOWERED = "lowered by the op table (torchax)"
+    OWN_LOWERING = "lowered by xlakit's own JAX function (lowering.py)"
+    DECOMPOSED = "replaced at record time by PyTorch's decomposition"
+    OWN_DECOMPOSITION = "replaced at record time by xlakit's own decomposition (lowering.py)"
+    EAGER = "runs eagerly on CPU"
+    RANDOM = "random: drawn eagerly by torch's CPU generator, so torch.manual_seed holds"
+    RANDOM_LIKE = "random from the input's shape alone: drawn on CPU, nothing synced, no graph split"
+    FRONTEND = "has its own meaning on the lazy device (a frontend handler)"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Policy:
+    """How one op is handled. `lift_scalars`: its Scalar arguments enter the
+    graph as 0-d inputs, so a changed learning rate or momentum does not
+    recompile. `cpu_indices`: CPU index tensors mix with device tensors, as in
+    eager torch. `guard`: a check of its arguments before lowering (lowering.py)
+    may send one call to eager CPU."""
+
+    handling: Handling = Handling.LOWERED
+    reason: str = ""
+    lift_scalars: bool = False
+    cpu_indices: bool = False
+    guard: bool = False
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the op becomes a node of the IR (if the lowering can take it)."""
+        return self.handling in (Handling.LOWERED, Handling.OWN_LOWERING)
+
+
+H = Handling
+_LIFT = Policy(lift_scalars=True)
+_RANDOM = Policy(H.RANDOM, "random: torchax's key is fixed at trace time, so a cached executable would repeat "
+                           "its draws; torch's CPU generator draws them")
+_RANDOM_LIKE = Policy(H.RANDOM_LIKE, "reads only its input's shape and dtype")
+_WRONG = "torchax's lowering is wrong (measured on PyTorch's OpInfo database)"
+_BATCH_NORM = ("torchax updates running_var with the biased variance; PyTorch's decomposition, with eval-mode "
+               "statistics as eager CPU returns them")
+_ALIAS = "values are immutable: a new tensor sharing the value, no node, no copy"
+
+TABLE: dict[str, Policy] = {
+    # -- arithmetic: scalars lifted to 0-d inputs ------------------------------
+    "aten::add": _LIFT, "aten::sub": _LIFT, "aten::rsub": _LIFT, "aten::mul": _LIFT, "aten::div": _LIFT,
+    "aten::lerp": _LIFT, "aten::where": _LIFT, "aten::masked_fill": _LIFT, "aten::fill": _LIFT,
+    "aten::clamp": _LIFT,
+    "aten::addcmul": Policy(H.OWN_LOWERING, "torchax needs `value` as a Python number; it is a lifted input",
+                            lift_scalars=True),
+    "aten::addcdiv": Policy(H.OWN_LOWERING, "torchax needs `value` as a Python number; it is a lifted input",
+                            lift_scalars=True),
+    # -- CPU index tensors mix with device tensors ------------------------------
+    "aten::index": Policy(cpu_indices=True), "aten::index_put": Policy(cpu_indices=True),
+    "aten::_index_put_impl": Policy(cpu_indices=True),
+    # -- own lowerings (torchax has none, or a wrong one) -----------------------
+    "aten::convolution_backward": Policy(H.OWN_LOWERING, "torchax has none: JAX's vjp of its forward"),
+    "aten::max_pool2d_with_indices_backward": Policy(H.OWN_LOWERING, "torchax's gives wrong gradients"),
+    "aten::linalg_vector_norm": Policy(H.OWN_LOWERING, "torchax's does not reduce a list of dims (xlakit.opinfo)"),
+    # -- guarded: arguments XLA would clamp where eager torch raises ------------
+    "aten::as_strided": Policy(guard=True), "aten::as_strided_copy": Policy(guard=True),
+    "aten::as_strided_scatter": Policy(guard=True),
+    # -- PyTorch's decompositions at record time ---------------------------------
+    "aten::native_layer_norm_backward": Policy(H.DECOMPOSED, "torchax's has the wrong arity"),
+    "aten::native_batch_norm": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
+    "aten::_native_batch_norm_legit": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
+    "aten::_native_batch_norm_legit_functional": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
+    "aten::_native_batch_norm_legit_no_training": Policy(H.DECOMPOSED, _BATCH_NORM),
+    "aten::native_batch_norm_backward": Policy(H.DECOMPOSED, _BATCH_NORM),
+    "aten::native_dropout": Policy(H.DECOMPOSED, "random: its decomposition draws with torch's generator"),
+    "aten::norm": Policy(H.DECOMPOSED, "torchax's Frobenius norm is far off (xlakit.opinfo)"),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": Policy(
+        H.DECOMPOSED, "torchax's logsumexp output has a wrong shape (the shape check)"),
+    # -- own decompositions ------------------------------------------------------
+    "aten::allclose": Policy(H.OWN_DECOMPOSITION, "torchax's returns a tensor and its meta kernel calls .item(): "
+                             "torch's isclose in lowered ops, then one read of the bool"),
+    "aten::_weight_norm_interface_backward": Policy(
+        H.OWN_DECOMPOSITION, "no lowering and no meta kernel: eager CPU's formula in aten ops"),
+    # -- eager on CPU: torchax's lowering is wrong --------------------------------
+    "aten::embedding_bag": Policy(H.EAGER, f"{_WRONG}: it ignores per_sample_weights"),
+    "aten::_embedding_bag": Policy(H.EAGER, f"{_WRONG}: it ignores per_sample_weights"),
+    "aten::polygamma": Policy(H.EAGER, _WRONG),
+    "aten::cauchy": Policy(H.EAGER, f"{_WRONG}: it does nothing"),
+    "aten::exponential": Policy(H.EAGER, f"{_WRONG}: it does nothing"),
+    "aten::normal": Policy(H.EAGER, f"{_WRONG}: normal(mean, std) draws from the wrong distribution"),
+    "aten::_linalg_eigh": Policy(H.EAGER, f"{_WRONG}: UPLO ignored (xlakit.opinfo)"),
+    "aten::linalg_matrix_exp": Policy(H.EAGER, f"{_WRONG}: 0.07 off on 5x5 matrices (xlakit.opinfo)"),
+    "aten::linalg_pinv": Policy(H.EAGER, f"{_WRONG}: hermitian=True reads the whole matrix (xlakit.opinfo)"),
+    "aten::_embedding_bag_forward_only": Policy(
+        H.EAGER, "its lowering crashes, and eager CPU returns an empty offset2bag where the meta kernel says "
+                 "(n,): only a fallback at record time takes eager's shapes"),
+    # -- random --------------------------------------------------------------------
+    "aten::rand": _RANDOM, "aten::randn": _RANDOM, "aten::randint": _RANDOM, "aten::randperm": _RANDOM,
+    "aten::rand_like": _RANDOM_LIKE, "aten::randn_like": _RANDOM_LIKE, "aten::randint_like": _RANDOM_LIKE,
+    # -- the frontend's own handlers (these overloads only) -------------------------
+    "aten::_to_copy.default": Policy(H.FRONTEND, "a copy to the host is a sync; a cast is recorded"),
+    "aten::copy.default": Policy(H.FRONTEND, "the source, cast and expanded: an alias"),
+    "aten::detach.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::alias.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::detach_copy.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::alias_copy.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::lift_fresh.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::clone.default": Policy(H.FRONTEND, _ALIAS),
+    "aten::_local_scalar_dense.default": Policy(H.FRONTEND, "a read of the value: a partial sync"),
+    "aten::slice_copy.Tensor": Policy(H.FRONTEND, "a slice of a pending cat is taken from the cat's input"),
+}
+
+_DEFAULT = Policy()
+_POLICIES: dict[int, Policy] = {}  # id(op) -> its policy (ops are process-wide singletons)
+
+
+def key(op) -> str:
+    """The table key of this overload: 'aten::copy.default'."""
+    return f"{op._schema.name}.{op._overloadname}"
+
+
+def policy(op) -> Policy:
+    """The table's policy for one op overload (memoized)."""
+    found = _POLICIES.get(id(op))
+    if found is None:
+        found = TABLE.get(key(op)) or TABLE.get(op._schema.name)
+        if found is None:
+            found = _RANDOM if any("Generator" in str(a.type) for a in op._schema.arguments) else _DEFAULT
+        _POLICIES[id(op)] = found
+    return found
+
+
+def named(handling: Handling) -> frozenset[str]:
+    """The table's keys with this handling."""
+    return frozenset(name for name, p in TABLE.items() if p.handling is handling)
+
+
+def guarded() -> frozenset[str]:
+    return frozenset(name for name, p in TABLE.items() if p.guard)
+
+
+# -- state: lowerings that failed in this process ------------------------------------
+# ids of ops whose lowering failed; the engine, which handles the failure, adds
+# them, and the frontend then runs later calls eagerly at once.
+FAILED: set[int] = set()
+
+
+def remember_failure(op) -> None:
+    FAILED.add(id(op))
+
+
+class NeedsEager(Exception):
+    """A verdict at run time: eager torch, not XLA, must compute this call
+    (data-dependent output shape, an argument XLA would treat differently)."""

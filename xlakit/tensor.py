@@ -1,0 +1,93 @@
+"""The lazy device's tensors: `LazyTensor`, the functional wrapper around it,
+and moving values between the host and the device.
+
+A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
+around a `LazyTensor`, whose value the engine keeps (a `LiveValue`). Every
+aten op on a LazyTensor goes to the frontend's dispatcher (frontend.py),
+which records it as IR; the frontend installs it with `set_dispatcher`.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import sources, transfer
+from .engine import LiveValue, current
+from .ir import Aval, DeviceData, Node
+
+DEVICE = torch.device("lazy", 0)
+
+
+def _no_dispatcher(func, args, kwargs):
+    raise RuntimeError("xlakit internal error: xlakit.frontend was not imported")
+
+
+_dispatch = _no_dispatcher
+
+
+def set_dispatcher(dispatch) -> None:
+    """dispatch(func, args, kwargs): how an aten op on lazy tensors is recorded."""
+    global _dispatch
+    _dispatch = dispatch
+
+
+class LazyTensor(torch.Tensor):
+    """A torch tensor on the lazy device; its value is kept by the engine."""
+
+    @staticmethod
+    def __new__(cls, state: LiveValue):
+        t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
+        current().register(t, state)
+        return t
+
+    @property
+    def _state(self) -> LiveValue:
+        return current().value_of(self)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        try:
+            return _dispatch(func, args, kwargs or {})  # the frontend's (installed on its import)
+        finally:
+            current().add_trace_time(time.perf_counter() - start)
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self._state})"
+
+
+def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
+               data: DeviceData | None = None) -> LazyTensor:
+    return LazyTensor(LiveValue(aval, node, index, data))
+
+
+# -- wrapping -----------------------------------------------------------------
+def wrap(inner: LazyTensor) -> torch.Tensor:
+    return torch._to_functional_tensor(inner)
+
+
+def unwrap(t: torch.Tensor) -> LazyTensor:
+    """The LazyTensor currently behind a user-visible tensor."""
+    if isinstance(t, LazyTensor):
+        return t
+    if torch._is_functional_tensor(t):
+        torch._sync(t)
+        inner = torch._from_functional_tensor(t)
+        if isinstance(inner, LazyTensor):
+            return inner
+    raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
+
+
+def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
+    aval = Aval(tuple(t.shape), t.dtype)
+    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label))
+
+
+def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
+    state = inner._state
+    engine = current()
+    engine.sync([state], trigger=trigger, source=sources.user_line())
+    return transfer.to_host(engine.read(state).array, inner.dtype)
