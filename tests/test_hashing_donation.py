@@ -87,6 +87,7 @@ def test_partial_sync_keeps_what_pending_work_still_reads(dev):
 
 
 def test_a_miss_says_what_changed_since_the_step_before(dev):
+    xlakit.clear_cache()  # the closest key must be this test's: another test may have cached one as close
     for n in (4, 5, 6):
         y = (torch.arange(float(n)).to(dev) * 2).roll(1)
         xlakit.mark_step()
