@@ -1,8 +1,11 @@
 """StepRecord: the one plain-data description of an execution that every view reads."""
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
 
+from .config import config
 from .ir import Source
 
 
@@ -95,3 +98,42 @@ class StepRecord:
         else:
             lines.append(f"  donated nothing{': ' + self.donation_note if self.donation_note else ''}")
         return "\n".join(lines)
+
+
+class StepLog:
+    """The one log of StepRecords, the engine's and torch_xla's adapter's alike.
+
+    Keeps the newest `config.record_limit` records (a long training run must not
+    grow memory without bound). `capture()` gives exactly the records appended
+    while it is open, however many the bound drops meanwhile.
+    """
+
+    def __init__(self):
+        self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
+        self.next_index = 0                     # the index the next record takes
+        self._open: list[list[StepRecord]] = []  # the lists of the captures now open
+
+    def append(self, record: StepRecord) -> None:
+        if record.index != self.next_index:
+            raise ValueError(f"record #{record.index} appended where #{self.next_index} comes next")
+        if self.records.maxlen != config.record_limit:
+            self.records = collections.deque(self.records, maxlen=config.record_limit)
+        self.records.append(record)
+        self.next_index += 1
+        for steps in self._open:
+            steps.append(record)
+
+    def clear(self) -> None:
+        """Forget the kept records; numbering goes on, open captures keep theirs."""
+        self.records.clear()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """`with log.capture() as steps:` -- `steps` is a list that receives every
+        record appended until the block ends (also when it raises); captures nest."""
+        steps: list[StepRecord] = []
+        self._open.append(steps)
+        try:
+            yield steps
+        finally:
+            del self._open[next(i for i, s in enumerate(self._open) if s is steps)]

@@ -18,6 +18,7 @@ import time
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from .engine import current
 from .ir import digest
 from .keys import compiler_xla_flags
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
@@ -25,8 +26,6 @@ from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, T
 INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch-xla]' "
                 "(torch_xla 2.9.0 needs torch==2.9.0; set PJRT_DEVICE=CPU, TPU or CUDA)")
 UNKNOWN = "unknown"
-
-RECORDS: list[StepRecord] = []
 
 
 def _torch_xla():
@@ -127,13 +126,14 @@ def step(tensors: list[torch.Tensor] | None = None, trigger: str | None = None,
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     if delta.get("ExecuteTime.count", 0) == 0:
         return None
-    record = _record(trigger or ("mark_step" if tensors is None else "sync"), graph_hash, ir_text, delta,
-                     wall, implicit_executions)
-    RECORDS.append(record)
+    log = current().log  # the one log, beside the engine's own records
+    record = _record(log.next_index, trigger or ("mark_step" if tensors is None else "sync"), graph_hash,
+                     ir_text, delta, wall, implicit_executions)
+    log.append(record)
     return record
 
 
-def _record(trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> StepRecord:
+def _record(index, trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> StepRecord:
     compiled = delta.get("UncachedCompile", 0) > 0
     aliased = int(delta.get("InputOutputAliasCount", 0))
     graph = parse_ir(ir_text)
@@ -144,7 +144,7 @@ def _record(trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> S
         notes.append(f"{implicit_executions} implicit execution(s) before the step marker "
                      "(torch_xla does not describe them)")
     return StepRecord(
-        index=len(RECORDS), trigger=trigger, key=graph_hash, components=components,
+        index=index, trigger=trigger, key=graph_hash, components=components,
         metadata_digest=UNKNOWN, cache="miss" if compiled else "hit",
         donated=tuple(DonatedBuffer(-1, None, (), UNKNOWN, 0) for _ in range(aliased)),
         num_nodes=len(graph.nodes), num_inputs=len(graph.params), num_outputs=len(graph.roots),
