@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 from . import api, dynamo, runtime, sources
 from .frontend import DEVICE
+from .record import Trigger
 
 
 @dataclasses.dataclass
@@ -95,7 +96,7 @@ def _lazy_xlakit(fn, args, kwargs):
         out = f(*a, **k)  # kept alive through the step marker, or nothing is left to compute
         api.mark_step()
         del out
-    implicit = [r for r in records if r.trigger not in ("mark_step", "sync")]
+    implicit = [r for r in records if r.trigger not in (Trigger.MARK_STEP, Trigger.SYNC)]
     why = [f"{r.trigger} at {r.source or '?'}" for r in implicit]
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)
 

@@ -21,8 +21,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import runtime, transfer
 from .engine import current
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
-from .ir import DeviceData, Frame, Source
-from .record import GraphInfo, NodeInfo, ParamInfo
+from .ir import Aval, DeviceData, Frame, Source
+from .record import GraphInfo, NodeInfo, Output, ParamInfo
 
 
 @dataclasses.dataclass
@@ -156,22 +156,30 @@ def _interpret(gm, inputs, record: CompiledGraph):
 
 
 def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo:
-    """The FX graph as a GraphInfo: each node says which executable it went to."""
+    """The FX graph as a GraphInfo: each node's `partition` is the executable it went to."""
     split_nodes = {s.node for s in record.splits}
     params, nodes, where = [], [], {}
     for node in gm.graph.nodes:
+        avals = _avals(node.meta.get("val"))
         if node.op == "placeholder":
             where[node.name] = len(params)
-            params.append(ParamInfo(aval=node.name, label=None, donated=False))
+            params.append(ParamInfo(aval=avals[0] if len(avals) == 1 else None, label=node.name, donated=False))
         elif node.op == "call_function":
             operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
-            where[node.name] = (len(nodes), 0)
-            nodes.append(NodeInfo(op=f"{node.name} {node.target}", operands=operands,
-                                  avals=(f"executable {record.partition.get(node.name, 0)}",),
-                                  source=_user_line(node), split=node.name in split_nodes))
+            where[node.name] = Output(len(nodes), 0)
+            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=_user_line(node),
+                                  split=node.name in split_nodes, partition=record.partition.get(node.name, 0)))
     outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
-                    if isinstance(where.get(a.name), tuple))
+                    if isinstance(where.get(a.name), Output))
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
+
+
+def _avals(value) -> tuple[str, ...]:
+    """The avals of an FX node's example value (Dynamo's fake tensors); () if unknown."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return ()
+    return tuple(str(Aval(tuple(v.shape), v.dtype)) for v in values)
 
 
 def _user_line(node: torch.fx.Node) -> Source | None:

@@ -4,33 +4,79 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import enum
+from typing import NamedTuple
 
 from .config import config
 from .ir import Source
 
 
+class Trigger(enum.StrEnum):
+    """What caused an execution (equal to its name as a string: "mark_step", ...)."""
+
+    MARK_STEP = "mark_step"   # a step marker: xlakit.mark_step(), %%xla_step, torch_xla's sync()
+    SYNC = "sync"             # xlakit.sync(), all tensors or some
+    ITEM = "item"             # .item() and Python's bool/int/float of a tensor
+    CPU = "cpu"               # .cpu(), .numpy(), print, ...
+    SAVE = "save"             # xlakit.save()
+    FALLBACK = "fallback"     # an op with no lowering ran eagerly and needed its inputs
+    DYNAMO = "dynamo"         # the torch.compile backend
+
+
+class Cache(enum.StrEnum):
+    """Where the executable came from."""
+
+    HIT = "hit"                        # the in-memory cache
+    MISS = "miss"                      # compiled
+    PERSISTENT_HIT = "persistent_hit"  # loaded from the disk cache, not compiled
+
+
+class Backend(enum.StrEnum):
+    """Whose executor ran the step."""
+
+    XLAKIT = "xlakit"
+    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through xlakit/torch_xla.py
+
+
+class Output(NamedTuple):
+    """Output `output` of node number `node` of a GraphInfo (equal to the pair)."""
+
+    node: int
+    output: int
+
+
+# where a node's operand comes from: an input (parameter index) or another node's output
+Operand = int | Output
+
+
 @dataclasses.dataclass(frozen=True)
 class DonatedBuffer:
-    index: int            # parameter index in the executable
+    index: int | None     # parameter index in the executable; None: unknown (torch_xla)
     label: str | None     # tensor label (module parameter name) if known
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    nbytes: int | None
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeInfo:
     op: str
-    operands: tuple              # per operand: an int param index, or (node, output)
+    operands: tuple[Operand, ...]  # per operand: an int param index, or an Output
     avals: tuple[str, ...]
-    source: Source | None        # the user's line and the library line that recorded the op
-    split: bool = False          # the graph was cut here (an eager fallback or a sync)
-    args: str = ""               # its arguments, operands as $0, $1, ...: constants are in the key
+    source: Source | None          # the user's line and the library line that recorded the op
+    split: bool = False            # the graph was cut here (an eager fallback or a sync)
+    args: str = ""                 # its arguments, operands as $0, $1, ...: constants are in the key
+    partition: int | None = None   # explain's FX graphs: the executable this FX node went to
+
+    def __post_init__(self):
+        if not all(isinstance(o, (int, Output)) for o in self.operands):
+            object.__setattr__(self, "operands", tuple(o if isinstance(o, int) else Output(*o)
+                                                       for o in self.operands))
 
 
 @dataclasses.dataclass(frozen=True)
 class ParamInfo:
-    aval: str
+    aval: str | None      # None: unknown
     label: str | None
     donated: bool
 
@@ -39,7 +85,11 @@ class ParamInfo:
 class GraphInfo:
     nodes: tuple[NodeInfo, ...]
     params: tuple[ParamInfo, ...]
-    roots: tuple[tuple[int, int], ...]
+    roots: tuple[Output, ...]
+
+    def __post_init__(self):
+        if not all(isinstance(r, Output) for r in self.roots):
+            object.__setattr__(self, "roots", tuple(Output(*r) for r in self.roots))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +105,16 @@ class Timings:
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
+    """One execution. `trigger`, `cache` and `backend` are enums equal to their
+    strings ("mark_step", "hit", "xlakit", ...), and are given as either. A value
+    the executor does not report (torch_xla's) is None."""
+
     index: int
-    trigger: str          # "mark_step", "sync", "item", "cpu", "save", "fallback", ...
+    trigger: Trigger
     key: str
     components: dict[str, str]
-    metadata_digest: str
-    cache: str            # "hit", "miss", "persistent_hit"
+    metadata_digest: str | None
+    cache: Cache
     donated: tuple[DonatedBuffer, ...]
     num_nodes: int
     num_inputs: int
@@ -69,17 +123,25 @@ class StepRecord:
     graph: GraphInfo
     changed: tuple[str, ...] = ()   # on a miss: components that differ from the closest cached key
     why: tuple[str, ...] = ()       # on a miss: what differs, in words ("input 0 now f32[3], was f32[4]")
-    uses: int = 1                   # how many times this executable has run, this one included
-    cache_entries: int = 0          # executables in the in-memory cache after this step
-    hit_rate: float = 0.0           # in-memory cache hits / lookups so far, this one included
-    hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
-    backend: str = "xlakit"         # "xlakit", or "torch_xla" for records of the real torch_xla executor
+    uses: int | None = 1            # how many times this executable has run, this one included
+    cache_entries: int | None = 0   # executables in the in-memory cache after this step
+    hit_rate: float | None = 0.0    # in-memory cache hits / lookups so far, this one included
+    hlo: str | None = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
+    backend: Backend = Backend.XLAKIT
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
 
+    def __post_init__(self):
+        for name, kind in (("trigger", Trigger), ("cache", Cache), ("backend", Backend)):
+            value = getattr(self, name)
+            if type(value) is not kind:
+                object.__setattr__(self, name, kind(value))
+
     @property
-    def donated_bytes(self) -> int:
-        return sum(d.nbytes for d in self.donated)
+    def donated_bytes(self) -> int | None:
+        """Bytes donated; None when a buffer's size is unknown."""
+        sizes = [d.nbytes for d in self.donated]
+        return None if None in sizes else sum(sizes)
 
     def __repr__(self) -> str:
         lines = [
@@ -88,7 +150,7 @@ class StepRecord:
         ]
         for name, value in self.components.items():
             lines.append(f"  {name:<8} {value[:16]}")
-        lines.append(f"  metadata {self.metadata_digest[:16]} (not in key)")
+        lines.append(f"  metadata {(self.metadata_digest or 'unknown')[:16]} (not in key)")
         if self.changed:
             lines.append(f"  changed vs closest cached key: {', '.join(self.changed)}")
         lines.extend(f"    {line}" for line in self.why)

@@ -9,7 +9,7 @@ from IPython.display import display
 
 from .. import api
 from ..config import config
-from ..record import StepRecord
+from ..record import Backend, StepRecord
 from .views import HistoryView, StepView
 
 # (cell name, record) for the steps run under %%xla_step, oldest first: the
@@ -23,14 +23,14 @@ class XlaMagics(Magics):
     @argument("--name", help="name for this cell's steps (default: the cell number)")
     @argument("--hlo", action="store_true", help="show the HLO of each executable")
     @argument("--quiet", action="store_true", help="record, but show nothing")
-    @argument("--backend", choices=["xlakit", "torch_xla"], default="xlakit",
+    @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
               help="whose executor: xlakit's, or the real torch_xla's")
     @cell_magic
     def xla_step(self, line, cell):
         """Run the cell, then a step marker; show one view per step the cell produced."""
         args = parse_argstring(self.xla_step, line)
         name = args.name or f"cell {self.shell.execution_count}"
-        run = self._run_torch_xla if args.backend == "torch_xla" else self._run_xlakit
+        run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
             with api.capture() as records:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 
 from .. import keys
-from ..record import StepRecord, Timings
+from ..record import Backend, Cache, StepRecord, Timings
 from . import graph_svg
 
 STYLE = """<style>
@@ -19,7 +19,9 @@ STYLE = """<style>
 </style>"""
 
 
-def human_bytes(n: int) -> str:
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -37,13 +39,13 @@ def changed_components(record: StepRecord, previous: StepRecord | None) -> set[s
 
 
 def _key_owner(record: StepRecord) -> str:
-    return "in key" if record.backend == "xlakit" else f"in {record.backend}'s key"
+    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
 
 
 def cache_line(record: StepRecord) -> str:
-    if record.cache == "hit":
-        return f"cache hit ({_ordinal(record.uses)} use)" if record.backend == "xlakit" else "cache hit"
-    if record.cache == "persistent_hit":
+    if record.cache is Cache.HIT:
+        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
+    if record.cache is Cache.PERSISTENT_HIT:
         return "persistent cache hit (loaded from disk, not compiled)"
     return "cache miss: compiled"
 
@@ -51,9 +53,9 @@ def cache_line(record: StepRecord) -> str:
 def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
     """On a miss: against the previous step of the same cell when there is one
     (what the user changed), else against the closest cached key."""
-    if record.cache == "hit":
+    if record.cache is Cache.HIT:
         return [cache_line(record)]
-    if record.backend != "xlakit":
+    if record.backend is not Backend.XLAKIT:
         return [cache_line(record), *record.why]
     if previous is not None and previous.key != record.key:
         changed = keys.diff(record.components, previous.components)
@@ -67,9 +69,10 @@ def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[st
 def donation_lines(record: StepRecord) -> list[str]:
     if not record.donated:
         return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
-    lines = [f"{len(record.donated)} buffer(s) donated, {human_bytes(record.donated_bytes)} reused"]
+    total = record.donated_bytes
+    lines = [f"{len(record.donated)} buffer(s) donated" + (f", {human_bytes(total)} reused" if total is not None else "")]
     lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
-              for d in record.donated]
+              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
     if record.donation_note:
         lines.append(f"  not donated: {record.donation_note}")
     return lines
@@ -78,7 +81,7 @@ def donation_lines(record: StepRecord) -> list[str]:
 def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
     changed = changed_components(record, previous)
     title = f"step {record.index}" + (f" [{name}]" if name else "") + \
-        ("" if record.backend == "xlakit" else f" ({record.backend})")
+        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
     lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
              f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
     if record.source:
@@ -86,7 +89,7 @@ def text(record: StepRecord, name: str | None = None, previous: StepRecord | Non
     lines.append(f"  key components ({_key_owner(record)}):")
     for c, v in record.components.items():
         lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
-    lines.append(f"    metadata {record.metadata_digest[:16]} (not in key)"
+    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
                  f"{'  *changed*' if 'metadata' in changed else ''}")
     lines += [f"  why: {line}" for line in why_lines(record, previous)]
     lines += [f"  donation: {line}" for line in donation_lines(record)]
@@ -109,14 +112,14 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
     ]
     if hlo:
-        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo)}</pre>"))
+        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))
     return sections
 
 
 def key_table(record: StepRecord, previous: StepRecord | None) -> str:
     changed = changed_components(record, previous)
     rows = [(c, v, _key_owner(record)) for c, v in record.components.items()]
-    rows.append(("metadata", record.metadata_digest, "not in key"))
+    rows.append(("metadata", record.metadata_digest or "unknown", "not in key"))
     body = "".join(
         f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'
         f"<td>{c}</td><td>{v}</td><td>{where}{' (changed)' if c in changed else ''}</td></tr>"
@@ -128,9 +131,9 @@ def key_table(record: StepRecord, previous: StepRecord | None) -> str:
 def donation_table(record: StepRecord) -> str:
     if not record.donated:
         return _list_html(donation_lines(record))
-    body = "".join(f"<tr><td>{d.index}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
-                   f"<td>{list(d.shape)}</td><td>{d.dtype}</td><td>{human_bytes(d.nbytes)}</td></tr>"
-                   for d in record.donated)
+    body = "".join(f"<tr><td>{_known(d.index)}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
+                   f"<td>{_known(d.shape and list(d.shape))}</td><td>{_known(d.dtype)}</td>"
+                   f"<td>{human_bytes(d.nbytes)}</td></tr>" for d in record.donated)
     note = f"<div>not donated: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
     return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
             f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
@@ -140,8 +143,8 @@ def timing_table(record: StepRecord) -> str:
     t = record.timings
     rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
             ("compile", _ms(t.compile)), ("execute", _execute_ms(t)),
-            ("executables cached", str(record.cache_entries)),
-            ("hit rate so far", f"{record.hit_rate:.0%}" if record.backend == "xlakit" else "unknown")]
+            ("executables cached", _known(record.cache_entries)),
+            ("hit rate so far", _known(record.hit_rate, "{:.0%}"))]
     return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
         + "</table>"
 
@@ -151,6 +154,10 @@ def _header_html(record: StepRecord, name: str | None) -> str:
     where = f" at {html.escape(record.source)}" if record.source else ""
     return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
             f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
+
+
+def _known(value, form: str = "{}") -> str:
+    return "unknown" if value is None else form.format(value)
 
 
 def _list_html(lines: list[str]) -> str:
