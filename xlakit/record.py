@@ -5,6 +5,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from .config import config
@@ -144,22 +145,80 @@ class StepRecord:
         return None if None in sizes else sum(sizes)
 
     def __repr__(self) -> str:
-        lines = [
-            f"StepRecord #{self.index} trigger={self.trigger} cache={self.cache} key={self.key[:16]}",
-            f"  nodes={self.num_nodes} inputs={self.num_inputs} outputs={self.num_outputs}",
-        ]
-        for name, value in self.components.items():
-            lines.append(f"  {name:<8} {value[:16]}")
-        lines.append(f"  metadata {(self.metadata_digest or 'unknown')[:16]} (not in key)")
-        if self.changed:
-            lines.append(f"  changed vs closest cached key: {', '.join(self.changed)}")
-        lines.extend(f"    {line}" for line in self.why)
-        if self.donated:
-            for d in self.donated:
-                lines.append(f"  donated #{d.index} {d.label or ''} {d.dtype}{list(d.shape)} {d.nbytes} B")
-        else:
-            lines.append(f"  donated nothing{': ' + self.donation_note if self.donation_note else ''}")
-        return "\n".join(lines)
+        return text(self)
+
+
+def text(record: StepRecord, name: str | None = None, changed: Collection[str] = (),
+         why: Sequence[str] | None = None) -> str:
+    """The plain text of a record: its repr, and the notebook's text view, which
+    passes the components to mark *changed* and its own `why` lines. Deterministic
+    (no timings, no addresses), so terminals and nbval see something true."""
+    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
+        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
+    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
+             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
+    if record.source:
+        lines.append(f"  at {record.source}")
+    lines.append(f"  key components ({key_owner(record)}):")
+    for c, v in record.components.items():
+        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
+    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
+                 f"{'  *changed*' if 'metadata' in changed else ''}")
+    lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
+    lines += [f"  donation: {line}" for line in donation_lines(record)]
+    return "\n".join(lines)
+
+
+def key_owner(record: StepRecord) -> str:
+    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
+
+
+def cache_line(record: StepRecord) -> str:
+    if record.cache is Cache.HIT:
+        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
+    if record.cache is Cache.PERSISTENT_HIT:
+        return "persistent cache hit (loaded from disk, not compiled)"
+    return "cache miss: compiled"
+
+
+def why_lines(record: StepRecord) -> list[str]:
+    """Why the step hit or missed, as its executor said (on a miss, the engine's
+    comparison with the closest cached key)."""
+    if record.cache is Cache.HIT:
+        return [cache_line(record)]
+    if record.backend is not Backend.XLAKIT:
+        return [cache_line(record), *record.why]
+    if not record.changed:
+        return ["first compilation of this graph (nothing similar cached)"]
+    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
+
+
+def donation_lines(record: StepRecord) -> list[str]:
+    if not record.donated:
+        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
+    total = record.donated_bytes
+    lines = [f"{len(record.donated)} buffer(s) donated"
+             + (f", {human_bytes(total)} reused" if total is not None else "")]
+    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
+              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
+    if record.donation_note:
+        lines.append(f"  not donated: {record.donation_note}")
+    return lines
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
 
 
 class StepLog:

@@ -126,9 +126,9 @@ def step(tensors: list[torch.Tensor] | None = None, trigger: Trigger | str | Non
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     if delta.get("ExecuteTime.count", 0) == 0:
         return None
-    log = current().log  # the one log, beside the engine's own records
-    record = _record(log.next_index, Trigger(trigger or (Trigger.MARK_STEP if tensors is None else Trigger.SYNC)), graph_hash,
-                     ir_text, delta, wall, implicit_executions)
+    trigger = Trigger(trigger or (Trigger.MARK_STEP if tensors is None else Trigger.SYNC))
+    log = current().log  # the one log, the engine's records beside these
+    record = _record(log.next_index, trigger, graph_hash, ir_text, delta, wall, implicit_executions)
     log.append(record)
     return record
 

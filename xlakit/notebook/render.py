@@ -8,7 +8,8 @@ from __future__ import annotations
 import html
 
 from .. import keys
-from ..record import Backend, Cache, StepRecord, Timings
+from .. import record as record_text
+from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
 from . import graph_svg
 
 STYLE = """<style>
@@ -17,16 +18,6 @@ STYLE = """<style>
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
 </style>"""
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
@@ -38,62 +29,21 @@ def changed_components(record: StepRecord, previous: StepRecord | None) -> set[s
     return changed
 
 
-def _key_owner(record: StepRecord) -> str:
-    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
-
-
-def cache_line(record: StepRecord) -> str:
-    if record.cache is Cache.HIT:
-        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
-    if record.cache is Cache.PERSISTENT_HIT:
-        return "persistent cache hit (loaded from disk, not compiled)"
-    return "cache miss: compiled"
-
-
 def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
-    """On a miss: against the previous step of the same cell when there is one
-    (what the user changed), else against the closest cached key."""
-    if record.cache is Cache.HIT:
-        return [cache_line(record)]
-    if record.backend is not Backend.XLAKIT:
-        return [cache_line(record), *record.why]
-    if previous is not None and previous.key != record.key:
+    """On a miss with a previous step of the same cell: what differs from that
+    step (what the user changed), from the two records' data. The engine's own
+    `why` answers another question, the difference from the closest cached key,
+    which may be another cell's graph; it is shown when there is no previous step."""
+    if (record.cache is not Cache.HIT and record.backend is Backend.XLAKIT
+            and previous is not None and previous.key != record.key):
         changed = keys.diff(record.components, previous.components)
         return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
                 *keys.explain_miss(record.components, record.graph, previous.components, previous.graph)]
-    if not record.changed:
-        return ["first compilation of this graph (nothing similar cached)"]
-    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
-
-
-def donation_lines(record: StepRecord) -> list[str]:
-    if not record.donated:
-        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
-    total = record.donated_bytes
-    lines = [f"{len(record.donated)} buffer(s) donated" + (f", {human_bytes(total)} reused" if total is not None else "")]
-    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
-              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
-    if record.donation_note:
-        lines.append(f"  not donated: {record.donation_note}")
-    return lines
+    return record_text.why_lines(record)
 
 
 def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
-    changed = changed_components(record, previous)
-    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
-        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
-    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
-             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
-    if record.source:
-        lines.append(f"  at {record.source}")
-    lines.append(f"  key components ({_key_owner(record)}):")
-    for c, v in record.components.items():
-        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
-    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
-                 f"{'  *changed*' if 'metadata' in changed else ''}")
-    lines += [f"  why: {line}" for line in why_lines(record, previous)]
-    lines += [f"  donation: {line}" for line in donation_lines(record)]
-    return "\n".join(lines)
+    return record_text.text(record, name, changed_components(record, previous), why_lines(record, previous))
 
 
 def html_view(record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
@@ -118,7 +68,7 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
 
 def key_table(record: StepRecord, previous: StepRecord | None) -> str:
     changed = changed_components(record, previous)
-    rows = [(c, v, _key_owner(record)) for c, v in record.components.items()]
+    rows = [(c, v, key_owner(record)) for c, v in record.components.items()]
     rows.append(("metadata", record.metadata_digest or "unknown", "not in key"))
     body = "".join(
         f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'
@@ -170,11 +120,6 @@ def _ms(seconds: float) -> str:
 
 def _execute_ms(t: Timings) -> str:
     return _ms(t.execute) if t.waited else f"{_ms(t.execute)} to dispatch (not waited for)"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def history_text(rows: list[tuple[str, StepRecord]]) -> str:
