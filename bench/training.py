@@ -219,12 +219,13 @@ def memory():
         model = mlp(1024, 4).to(xlakit.device())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x, y = torch.randn(64, 1024).to(xlakit.device()), torch.randn(64, 1024).to(xlakit.device())
-        for _ in range(3):
-            opt.zero_grad()
-            nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            xlakit.mark_step()
-        entry = xlakit.engine.current().cache.get(xlakit.last_step().key)
+        with xlakit.capture() as steps:
+            for _ in range(3):
+                opt.zero_grad()
+                nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                xlakit.mark_step()
+        entry = xlakit.engine.current().cache.get(steps[-1].key)
         mem = entry.compiled.memory_analysis()
         peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes \
             + mem.temp_size_in_bytes

@@ -91,18 +91,17 @@ def test_training_step_through_torch_compile_matches_eager():
     compiled = torch.compile(model, backend="xlakit")
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (model, ref))
     x, y = torch.randn(6, 4), torch.randn(6, 2)
-    first = len(dynamo.COMPILED)
-    for _ in range(3):
-        for m, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
-            o.step()
+    with dynamo.compiled_graphs() as graphs, xlakit.capture() as steps:
+        for _ in range(3):
+            for m, o in ((compiled, opt), (ref, ref_opt)):
+                o.zero_grad()
+                torch.nn.functional.mse_loss(m(x), y).backward()
+                o.step()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
-    graphs = dynamo.COMPILED[first:]
     assert len(graphs) == 2 and all(g.replays and not g.splits for g in graphs)  # forward and backward
-    replays = [r for r in xlakit.steps() if r.trigger == "dynamo"][-2:]
-    assert all(r.cache == "hit" and r.donated == () for r in replays)
+    replays = [r for r in steps if r.trigger == "dynamo"][-2:]
+    assert len(replays) == 2 and all(r.cache == "hit" and r.donated == () for r in replays)
 
 
 def test_backend_is_found_through_the_entry_point_without_importing_xlakit():

@@ -5,7 +5,7 @@ from .version import __version__  # noqa: F401
 
 # Importing changes nothing global in torch or JAX: xlakit.device() installs what
 # the lazy device needs (xlakit/runtime.py).
-from .api import clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
+from .api import capture, clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
 from .config import config
 from .labels import label
 from .record import StepRecord
@@ -13,10 +13,12 @@ from .record import StepRecord
 
 def explain(fn, *args, **kwargs):
     """Graph breaks of `fn(*args, **kwargs)` per path: Dynamo FX, Dynamo -> HLO,
-    lazy, and torch_xla's when installed. Runs `fn` once per path."""
+    lazy, and torch_xla's when installed. Runs `fn` once per path. The report
+    shows itself as a table, HTML, and a widget with the FX graphs."""
     from .breaks import explain as run
+    from .notebook.breaks_view import BreakView
 
-    return run(fn, *args, **kwargs)
+    return BreakView.of(run(fn, *args, **kwargs))
 
 
 def load_ipython_extension(ipython) -> None:
@@ -26,5 +28,5 @@ def load_ipython_extension(ipython) -> None:
     load(ipython)
 
 
-__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
            "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord"]

@@ -10,8 +10,8 @@ from .frontend import DEVICE, unwrap
 from .sources import user_line
 from .record import StepRecord
 
-__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "metrics", "reset_metrics",
-           "clear_cache"]
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
+           "reset_metrics", "clear_cache"]
 
 
 def device() -> torch.device:
@@ -49,11 +49,21 @@ def save(obj, path) -> None:
 
 
 def steps() -> list[StepRecord]:
-    return list(current().records)
+    """The kept StepRecords, oldest first (the newest `config.record_limit`)."""
+    return list(current().log.records)
 
 
 def last_step() -> StepRecord | None:
-    return current().records[-1] if current().records else None
+    records = current().log.records
+    return records[-1] if records else None
+
+
+def capture():
+    """`with xlakit.capture() as steps: ...` -- `steps` is the list of the
+    StepRecords of exactly the executions inside the block (torch_xla's
+    adapter's included), in order; it holds them also when the block raises,
+    and captures nest."""
+    return current().log.capture()
 
 
 def metrics() -> dict[str, int]:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import html
 
 import torch
 from torch.utils._pytree import tree_map_only
 
-from . import dynamo, runtime, sources
-from .engine import current
+from . import api, dynamo, runtime, sources
 from .frontend import DEVICE
+from .record import Trigger
 
 
 @dataclasses.dataclass
@@ -47,39 +46,6 @@ class BreakReport:
         for i, ops in enumerate(self.ops_per_graph):
             lines.append(f"FX graph {i}: {len(ops)} ops: {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}")
         return "\n".join(lines)
-
-    def _repr_html_(self) -> str:
-        rows = "".join(f"<tr><td>{html.escape(p.path)}</td><td>{p.graphs}</td><td>{p.breaks}</td>"
-                       f"<td>{'<br>'.join(html.escape(w) for w in p.why)}</td></tr>" for p in self.paths)
-        return (f"<div>{html.escape(self.note)}</div><table class='xlakit-breaks'><tr><th>path</th>"
-                f"<th>graphs</th><th>breaks</th><th>where and why</th></tr>{rows}</table>")
-
-    def widget(self):
-        """The table, and a picker of FX graphs showing each one's nodes by
-        executable, with the split points outlined (dashed orange)."""
-        import ipywidgets
-
-        from .notebook.graph_svg import to_svg
-
-        view = ipywidgets.HTML()
-        picker = ipywidgets.Dropdown(options=[(f"FX graph {i}", i) for i in range(len(self.graphs))],
-                                     description="graph")
-
-        def show(change=None):
-            if self.graphs:
-                view.value = to_svg(self.graphs[picker.value])
-
-        picker.observe(show, names="value")
-        show()
-        return ipywidgets.VBox([ipywidgets.HTML(self._repr_html_()), picker, view])
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
-        try:
-            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
-        except ImportError:
-            pass
-        return bundle
 
 
 def explain(fn, *args, **kwargs) -> BreakReport:
@@ -116,26 +82,21 @@ def _dynamo_fx(fn, args, kwargs):
 def _dynamo_xlakit(fn, args, kwargs):
     torch._dynamo.reset()
     f, a, k = _moved(fn, args, kwargs, "cpu")
-    first, before = len(dynamo.COMPILED), current().step_index
-    torch.compile(f, backend="xlakit")(*a, **k)
-    graphs = dynamo.COMPILED[first:]
-    why = [f"FX graph {g.index - first}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
-           for g in graphs for s in g.splits]
-    return (PathReport("Dynamo -> HLO (xlakit backend)", current().step_index - before,
-                       sum(len(g.splits) for g in graphs), why),
+    with api.capture() as steps, dynamo.compiled_graphs() as graphs:
+        torch.compile(f, backend="xlakit")(*a, **k)
+    why = [f"FX graph {i}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
+           for i, g in enumerate(graphs) for s in g.splits]
+    return (PathReport("Dynamo -> HLO (xlakit backend)", len(steps), sum(len(g.splits) for g in graphs), why),
             [g.partition for g in graphs], [g.graph for g in graphs])
 
 
 def _lazy_xlakit(fn, args, kwargs):
     f, a, k = _moved(fn, args, kwargs, DEVICE)
-    from . import api
-
-    before = current().step_index
-    out = f(*a, **k)  # kept alive through the step marker, or nothing is left to compute
-    api.mark_step()
-    del out
-    records = current().records_since(before)
-    implicit = [r for r in records if r.trigger not in ("mark_step", "sync")]
+    with api.capture() as records:
+        out = f(*a, **k)  # kept alive through the step marker, or nothing is left to compute
+        api.mark_step()
+        del out
+    implicit = [r for r in records if r.trigger not in (Trigger.MARK_STEP, Trigger.SYNC)]
     why = [f"{r.trigger} at {r.source or '?'}" for r in implicit]
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)
 

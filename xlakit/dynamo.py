@@ -9,7 +9,9 @@ recorded with its FX node, op, reason and user source line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 
 import torch
 import torch.fx
@@ -19,8 +21,8 @@ from torch._functorch.aot_autograd import make_boxed_func
 from . import runtime, transfer
 from .engine import current
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
-from .ir import DeviceData, Frame, Source
-from .record import GraphInfo, NodeInfo, ParamInfo
+from .ir import Aval, DeviceData, Frame, Source
+from .record import GraphInfo, NodeInfo, Output, ParamInfo
 
 
 @dataclasses.dataclass
@@ -46,8 +48,21 @@ class CompiledGraph:
     graph: GraphInfo | None = None   # the FX graph, drawable: inputs, nodes by executable, splits marked
 
 
-# Every FX graph the backend compiled in this process, oldest first.
-COMPILED: list[CompiledGraph] = []
+# The lists of the `compiled_graphs()` blocks now open; nothing else keeps CompiledGraphs.
+_OPEN: list[list[CompiledGraph]] = []
+_numbers = itertools.count()
+
+
+@contextlib.contextmanager
+def compiled_graphs():
+    """`with compiled_graphs() as graphs:` -- the FX graphs the backend compiles
+    inside the block, in order (also when it raises); blocks nest."""
+    graphs: list[CompiledGraph] = []
+    _OPEN.append(graphs)
+    try:
+        yield graphs
+    finally:
+        del _OPEN[next(i for i, g in enumerate(_OPEN) if g is graphs)]
 
 
 class _Replay:
@@ -89,9 +104,10 @@ def _to_lazy(t):
 
 def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     runtime.install()
-    record = CompiledGraph(index=len(COMPILED), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
+    record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
                            executables=0, splits=[], partition={}, replays=False)
-    COMPILED.append(record)
+    for graphs in _OPEN:
+        graphs.append(record)
     state = {"replay": None}
 
     def run(*inputs):
@@ -112,51 +128,58 @@ def _interpret(gm, inputs, record: CompiledGraph):
     value before that execution."""
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
-    before = current().step_index
     env: dict = {}
     placeholders = iter(lazy_inputs)
     outputs = None
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            env[node.name] = next(placeholders)
-        elif node.op == "call_function":
-            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
-            executions_before = current().step_index
-            env[node.name] = node.target(*args, **kwargs)
-            if current().step_index > executions_before:  # this node forced an execution: a split
-                last = current().records[-1]
-                record.splits.append(Split(node.name, str(node.target), last.trigger, _user_line(node)))
-            record.partition[node.name] = current().step_index - before
-        elif node.op == "get_attr":
-            env[node.name] = _to_lazy(getattr(gm, node.target))
-        elif node.op == "output":
-            outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
-    flat = list(_flatten(outputs))
-    output_values = [_pending_or_data(o) for o in flat]
-    lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
-    execution = current().sync(lazy, trigger="dynamo") if lazy else None
-    record.executables = current().step_index - before
+    with current().log.capture() as steps:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node.name] = next(placeholders)
+            elif node.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+                executions_before = len(steps)
+                env[node.name] = node.target(*args, **kwargs)
+                if len(steps) > executions_before:  # this node forced an execution: a split
+                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, _user_line(node)))
+                record.partition[node.name] = len(steps)
+            elif node.op == "get_attr":
+                env[node.name] = _to_lazy(getattr(gm, node.target))
+            elif node.op == "output":
+                outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
+        flat = list(_flatten(outputs))
+        output_values = [_pending_or_data(o) for o in flat]
+        lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
+        execution = current().sync(lazy, trigger="dynamo") if lazy else None
+    record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
 
 
 def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo:
-    """The FX graph as a GraphInfo: each node says which executable it went to."""
+    """The FX graph as a GraphInfo: each node's `partition` is the executable it went to."""
     split_nodes = {s.node for s in record.splits}
     params, nodes, where = [], [], {}
     for node in gm.graph.nodes:
+        avals = _avals(node.meta.get("val"))
         if node.op == "placeholder":
             where[node.name] = len(params)
-            params.append(ParamInfo(aval=node.name, label=None, donated=False))
+            params.append(ParamInfo(aval=avals[0] if len(avals) == 1 else None, label=node.name, donated=False))
         elif node.op == "call_function":
             operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
-            where[node.name] = (len(nodes), 0)
-            nodes.append(NodeInfo(op=f"{node.name} {node.target}", operands=operands,
-                                  avals=(f"executable {record.partition.get(node.name, 0)}",),
-                                  source=_user_line(node), split=node.name in split_nodes))
+            where[node.name] = Output(len(nodes), 0)
+            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=_user_line(node),
+                                  split=node.name in split_nodes, partition=record.partition.get(node.name, 0)))
     outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
-                    if isinstance(where.get(a.name), tuple))
+                    if isinstance(where.get(a.name), Output))
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
+
+
+def _avals(value) -> tuple[str, ...]:
+    """The avals of an FX node's example value (Dynamo's fake tensors); () if unknown."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return ()
+    return tuple(str(Aval(tuple(v.shape), v.dtype)) for v in values)
 
 
 def _user_line(node: torch.fx.Node) -> Source | None:

@@ -17,7 +17,7 @@ from . import cache as cache_mod
 from . import eager, keys, lowering, ops, sources, stages, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
-from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
+from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -78,11 +78,10 @@ class Engine:
         self.before_step: list = []
         self.cache = cache
         self.persistent_hits = persistent_hits
-        # the newest records; a long training run must not grow memory without bound
-        self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
+        # the one log of StepRecords (bounded by config.record_limit; xlakit.capture() reads it)
+        self.log = StepLog()
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
         self.trace_seconds = 0.0
-        self.step_index = 0
         self.lock = threading.RLock()
         # outputs of the newest execution; executions finish in order, so
         # waiting for these waits for all (config.wait_for_execution=False)
@@ -272,13 +271,11 @@ class Engine:
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,
                        donated: tuple, timings: Timings, note: str, source: str | None,
                        changed: tuple = (), why: tuple = ()) -> None:
-        if self.records.maxlen != config.record_limit:
-            self.records = collections.deque(self.records, maxlen=config.record_limit)
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
-        self.records.append(StepRecord(
-            index=self.step_index, trigger=trigger, key=key.key, components=dict(key.components),
+        self.log.append(StepRecord(
+            index=self.log.next_index, trigger=trigger, key=key.key, components=dict(key.components),
             metadata_digest=key.metadata_digest, cache=cache, donated=donated,
             num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
@@ -286,7 +283,6 @@ class Engine:
             cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
-        self.step_index += 1
         self.trace_seconds = 0.0
 
     def _compile(self, graph: Graph, donors, key: keys.Key, flags):
@@ -345,13 +341,9 @@ class Engine:
     def metrics(self) -> dict[str, int]:
         return dict(self.counters)
 
-    def records_since(self, index: int) -> list[StepRecord]:
-        """Records of executions numbered `index` or later (still kept)."""
-        return [r for r in self.records if r.index >= index]
-
     def reset_metrics(self) -> None:
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
-        self.records.clear()
+        self.log.clear()
 
 
 class StepExecutionError(RuntimeError):

@@ -1,33 +1,83 @@
 """StepRecord: the one plain-data description of an execution that every view reads."""
 from __future__ import annotations
 
+import collections
+import contextlib
 import dataclasses
+import enum
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
 
+from .config import config
 from .ir import Source
+
+
+class Trigger(enum.StrEnum):
+    """What caused an execution (equal to its name as a string: "mark_step", ...)."""
+
+    MARK_STEP = "mark_step"   # a step marker: xlakit.mark_step(), %%xla_step, torch_xla's sync()
+    SYNC = "sync"             # xlakit.sync(), all tensors or some
+    ITEM = "item"             # .item() and Python's bool/int/float of a tensor
+    CPU = "cpu"               # .cpu(), .numpy(), print, ...
+    SAVE = "save"             # xlakit.save()
+    FALLBACK = "fallback"     # an op with no lowering ran eagerly and needed its inputs
+    DYNAMO = "dynamo"         # the torch.compile backend
+
+
+class Cache(enum.StrEnum):
+    """Where the executable came from."""
+
+    HIT = "hit"                        # the in-memory cache
+    MISS = "miss"                      # compiled
+    PERSISTENT_HIT = "persistent_hit"  # loaded from the disk cache, not compiled
+
+
+class Backend(enum.StrEnum):
+    """Whose executor ran the step."""
+
+    XLAKIT = "xlakit"
+    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through xlakit/torch_xla.py
+
+
+class Output(NamedTuple):
+    """Output `output` of node number `node` of a GraphInfo (equal to the pair)."""
+
+    node: int
+    output: int
+
+
+# where a node's operand comes from: an input (parameter index) or another node's output
+Operand = int | Output
 
 
 @dataclasses.dataclass(frozen=True)
 class DonatedBuffer:
-    index: int            # parameter index in the executable
+    index: int | None     # parameter index in the executable; None: unknown (torch_xla)
     label: str | None     # tensor label (module parameter name) if known
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    nbytes: int | None
 
 
 @dataclasses.dataclass(frozen=True)
 class NodeInfo:
     op: str
-    operands: tuple              # per operand: an int param index, or (node, output)
+    operands: tuple[Operand, ...]  # per operand: an int param index, or an Output
     avals: tuple[str, ...]
-    source: Source | None        # the user's line and the library line that recorded the op
-    split: bool = False          # the graph was cut here (an eager fallback or a sync)
-    args: str = ""               # its arguments, operands as $0, $1, ...: constants are in the key
+    source: Source | None          # the user's line and the library line that recorded the op
+    split: bool = False            # the graph was cut here (an eager fallback or a sync)
+    args: str = ""                 # its arguments, operands as $0, $1, ...: constants are in the key
+    partition: int | None = None   # explain's FX graphs: the executable this FX node went to
+
+    def __post_init__(self):
+        if not all(isinstance(o, (int, Output)) for o in self.operands):
+            object.__setattr__(self, "operands", tuple(o if isinstance(o, int) else Output(*o)
+                                                       for o in self.operands))
 
 
 @dataclasses.dataclass(frozen=True)
 class ParamInfo:
-    aval: str
+    aval: str | None      # None: unknown
     label: str | None
     donated: bool
 
@@ -36,7 +86,11 @@ class ParamInfo:
 class GraphInfo:
     nodes: tuple[NodeInfo, ...]
     params: tuple[ParamInfo, ...]
-    roots: tuple[tuple[int, int], ...]
+    roots: tuple[Output, ...]
+
+    def __post_init__(self):
+        if not all(isinstance(r, Output) for r in self.roots):
+            object.__setattr__(self, "roots", tuple(Output(*r) for r in self.roots))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +106,16 @@ class Timings:
 
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
+    """One execution. `trigger`, `cache` and `backend` are enums equal to their
+    strings ("mark_step", "hit", "xlakit", ...), and are given as either. A value
+    the executor does not report (torch_xla's) is None."""
+
     index: int
-    trigger: str          # "mark_step", "sync", "item", "cpu", "save", "fallback", ...
+    trigger: Trigger
     key: str
     components: dict[str, str]
-    metadata_digest: str
-    cache: str            # "hit", "miss", "persistent_hit"
+    metadata_digest: str | None
+    cache: Cache
     donated: tuple[DonatedBuffer, ...]
     num_nodes: int
     num_inputs: int
@@ -66,32 +124,137 @@ class StepRecord:
     graph: GraphInfo
     changed: tuple[str, ...] = ()   # on a miss: components that differ from the closest cached key
     why: tuple[str, ...] = ()       # on a miss: what differs, in words ("input 0 now f32[3], was f32[4]")
-    uses: int = 1                   # how many times this executable has run, this one included
-    cache_entries: int = 0          # executables in the in-memory cache after this step
-    hit_rate: float = 0.0           # in-memory cache hits / lookups so far, this one included
-    hlo: str = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
-    backend: str = "xlakit"         # "xlakit", or "torch_xla" for records of the real torch_xla executor
+    uses: int | None = 1            # how many times this executable has run, this one included
+    cache_entries: int | None = 0   # executables in the in-memory cache after this step
+    hit_rate: float | None = 0.0    # in-memory cache hits / lookups so far, this one included
+    hlo: str | None = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
+    backend: Backend = Backend.XLAKIT
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
 
+    def __post_init__(self):
+        for name, kind in (("trigger", Trigger), ("cache", Cache), ("backend", Backend)):
+            value = getattr(self, name)
+            if type(value) is not kind:
+                object.__setattr__(self, name, kind(value))
+
     @property
-    def donated_bytes(self) -> int:
-        return sum(d.nbytes for d in self.donated)
+    def donated_bytes(self) -> int | None:
+        """Bytes donated; None when a buffer's size is unknown."""
+        sizes = [d.nbytes for d in self.donated]
+        return None if None in sizes else sum(sizes)
 
     def __repr__(self) -> str:
-        lines = [
-            f"StepRecord #{self.index} trigger={self.trigger} cache={self.cache} key={self.key[:16]}",
-            f"  nodes={self.num_nodes} inputs={self.num_inputs} outputs={self.num_outputs}",
-        ]
-        for name, value in self.components.items():
-            lines.append(f"  {name:<8} {value[:16]}")
-        lines.append(f"  metadata {self.metadata_digest[:16]} (not in key)")
-        if self.changed:
-            lines.append(f"  changed vs closest cached key: {', '.join(self.changed)}")
-        lines.extend(f"    {line}" for line in self.why)
-        if self.donated:
-            for d in self.donated:
-                lines.append(f"  donated #{d.index} {d.label or ''} {d.dtype}{list(d.shape)} {d.nbytes} B")
-        else:
-            lines.append(f"  donated nothing{': ' + self.donation_note if self.donation_note else ''}")
-        return "\n".join(lines)
+        return text(self)
+
+
+def text(record: StepRecord, name: str | None = None, changed: Collection[str] = (),
+         why: Sequence[str] | None = None) -> str:
+    """The plain text of a record: its repr, and the notebook's text view, which
+    passes the components to mark *changed* and its own `why` lines. Deterministic
+    (no timings, no addresses), so terminals and nbval see something true."""
+    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
+        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
+    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
+             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
+    if record.source:
+        lines.append(f"  at {record.source}")
+    lines.append(f"  key components ({key_owner(record)}):")
+    for c, v in record.components.items():
+        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
+    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
+                 f"{'  *changed*' if 'metadata' in changed else ''}")
+    lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
+    lines += [f"  donation: {line}" for line in donation_lines(record)]
+    return "\n".join(lines)
+
+
+def key_owner(record: StepRecord) -> str:
+    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
+
+
+def cache_line(record: StepRecord) -> str:
+    if record.cache is Cache.HIT:
+        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
+    if record.cache is Cache.PERSISTENT_HIT:
+        return "persistent cache hit (loaded from disk, not compiled)"
+    return "cache miss: compiled"
+
+
+def why_lines(record: StepRecord) -> list[str]:
+    """Why the step hit or missed, as its executor said (on a miss, the engine's
+    comparison with the closest cached key)."""
+    if record.cache is Cache.HIT:
+        return [cache_line(record)]
+    if record.backend is not Backend.XLAKIT:
+        return [cache_line(record), *record.why]
+    if not record.changed:
+        return ["first compilation of this graph (nothing similar cached)"]
+    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
+
+
+def donation_lines(record: StepRecord) -> list[str]:
+    if not record.donated:
+        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
+    total = record.donated_bytes
+    lines = [f"{len(record.donated)} buffer(s) donated"
+             + (f", {human_bytes(total)} reused" if total is not None else "")]
+    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
+              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
+    if record.donation_note:
+        lines.append(f"  not donated: {record.donation_note}")
+    return lines
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+class StepLog:
+    """The one log of StepRecords, the engine's and torch_xla's adapter's alike.
+
+    Keeps the newest `config.record_limit` records (a long training run must not
+    grow memory without bound). `capture()` gives exactly the records appended
+    while it is open, however many the bound drops meanwhile.
+    """
+
+    def __init__(self):
+        self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
+        self.next_index = 0                     # the index the next record takes
+        self._open: list[list[StepRecord]] = []  # the lists of the captures now open
+
+    def append(self, record: StepRecord) -> None:
+        if record.index != self.next_index:
+            raise ValueError(f"record #{record.index} appended where #{self.next_index} comes next")
+        if self.records.maxlen != config.record_limit:
+            self.records = collections.deque(self.records, maxlen=config.record_limit)
+        self.records.append(record)
+        self.next_index += 1
+        for steps in self._open:
+            steps.append(record)
+
+    def clear(self) -> None:
+        """Forget the kept records; numbering goes on, open captures keep theirs."""
+        self.records.clear()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """`with log.capture() as steps:` -- `steps` is a list that receives every
+        record appended until the block ends (also when it raises); captures nest."""
+        steps: list[StepRecord] = []
+        self._open.append(steps)
+        try:
+            yield steps
+        finally:
+            del self._open[next(i for i, s in enumerate(self._open) if s is steps)]

@@ -4,7 +4,7 @@
 StepRecord from what torch_xla exposes: the pending IR and its graph hash
 before the sync, and the deltas of its counters and metrics after it. What
 torch_xla does not expose (input shapes of donated buffers, per-component
-digests of its key) is marked unknown, never guessed.
+digests of its key) is None (unknown), never guessed.
 
 torch_xla is optional: `pip install xlakit[torch-xla]`.
 """
@@ -18,15 +18,14 @@ import time
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from .engine import current
 from .ir import digest
 from .keys import compiler_xla_flags
-from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepRecord, Timings
+from .record import Backend, Cache, DonatedBuffer, GraphInfo, NodeInfo, Output, ParamInfo, StepRecord, Timings, \
+    Trigger
 
 INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch-xla]' "
                 "(torch_xla 2.9.0 needs torch==2.9.0; set PJRT_DEVICE=CPU, TPU or CUDA)")
-UNKNOWN = "unknown"
-
-RECORDS: list[StepRecord] = []
 
 
 def _torch_xla():
@@ -85,10 +84,10 @@ def parse_ir(text: str) -> GraphInfo:
             params.append(ParamInfo(aval=aval, label=None, donated=False))
             continue
         wires = tuple(where[o] for o in re.findall(r"%(\d+)", operands) if o in where)
-        where[number] = (len(nodes), 0)
+        where[number] = Output(len(nodes), 0)
         nodes.append(NodeInfo(op=op, operands=wires, avals=(aval,), source=None))
         if "ROOT=" in rest:
-            roots.append((len(nodes) - 1, 0))
+            roots.append(Output(len(nodes) - 1, 0))
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=tuple(roots))
 
 
@@ -105,7 +104,7 @@ def fallback_counts() -> dict[str, int]:
     return {k: int(v) for k, v in _counters(_torch_xla()).items() if k.startswith("aten::")}
 
 
-def step(tensors: list[torch.Tensor] | None = None, trigger: str | None = None,
+def step(tensors: list[torch.Tensor] | None = None, trigger: Trigger | str | None = None,
          implicit_executions: int = 0) -> StepRecord | None:
     """torch_xla's step marker (`tensors=None`) or a partial sync of `tensors`,
     described as a StepRecord (None when nothing was pending).
@@ -127,13 +126,14 @@ def step(tensors: list[torch.Tensor] | None = None, trigger: str | None = None,
     delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     if delta.get("ExecuteTime.count", 0) == 0:
         return None
-    record = _record(trigger or ("mark_step" if tensors is None else "sync"), graph_hash, ir_text, delta,
-                     wall, implicit_executions)
-    RECORDS.append(record)
+    trigger = Trigger(trigger or (Trigger.MARK_STEP if tensors is None else Trigger.SYNC))
+    log = current().log  # the one log, the engine's records beside these
+    record = _record(log.next_index, trigger, graph_hash, ir_text, delta, wall, implicit_executions)
+    log.append(record)
     return record
 
 
-def _record(trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> StepRecord:
+def _record(index, trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> StepRecord:
     compiled = delta.get("UncachedCompile", 0) > 0
     aliased = int(delta.get("InputOutputAliasCount", 0))
     graph = parse_ir(ir_text)
@@ -144,14 +144,14 @@ def _record(trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> S
         notes.append(f"{implicit_executions} implicit execution(s) before the step marker "
                      "(torch_xla does not describe them)")
     return StepRecord(
-        index=len(RECORDS), trigger=trigger, key=graph_hash, components=components,
-        metadata_digest=UNKNOWN, cache="miss" if compiled else "hit",
-        donated=tuple(DonatedBuffer(-1, None, (), UNKNOWN, 0) for _ in range(aliased)),
+        index=index, trigger=trigger, key=graph_hash, components=components,
+        metadata_digest=None, cache=Cache.MISS if compiled else Cache.HIT,
+        donated=tuple(DonatedBuffer(None, None, None, None, None) for _ in range(aliased)),
         num_nodes=len(graph.nodes), num_inputs=len(graph.params), num_outputs=len(graph.roots),
         timings=Timings(compile=delta.get("CompileTime.total_ns", 0) / 1e9,
                         execute=delta.get("ExecuteTime.total_ns", 0) / 1e9 or wall),
-        graph=graph, backend="torch_xla",
+        graph=graph, backend=Backend.TORCH_XLA, uses=None, cache_entries=None, hit_rate=None, hlo=None,
         donation_note=("torch_xla reports how many buffers it aliased, not which"
                        if aliased else "torch_xla aliased no buffers"),
-        why=tuple(notes), hlo=UNKNOWN,
+        why=tuple(notes),
     )

@@ -33,20 +33,22 @@ class Box:
 def boxes_for(graph: GraphInfo, max_boxes: int = MAX_BOXES) -> tuple[list[Box], bool]:
     """One box per input and node; or, for large graphs, one per source line
     (or per function, or per run of nodes) with a count. Returns (boxes, grouped)."""
-    params = [Box("param", f"input {i}" + (f" {p.label}" if p.label else ""), p.aval,
-                  f"input {i}: {p.label or 'unlabelled'} {p.aval}" + (" (donated)" if p.donated else ""),
+    params = [Box("param", f"input {i}" + (f" {p.label}" if p.label else ""), p.aval or "",
+                  f"input {i}: {p.label or 'unlabelled'} {p.aval or ''}" + (" (donated)" if p.donated else ""),
                   donated=p.donated)
               for i, p in enumerate(graph.params)]
-    outputs = {n for n, _ in graph.roots}
+    outputs = {r.node for r in graph.roots}
     if len(graph.params) + len(graph.nodes) <= max_boxes:
         nodes = []
         for i, n in enumerate(graph.nodes):
+            where = "" if n.partition is None else f"executable {n.partition}: "
             box = Box("node", f"%{i} {n.op.removeprefix('aten.').removesuffix('.default')}",
-                      ", ".join(n.avals), f"%{i} {n.op} -> {', '.join(n.avals)}\n{sources.describe(n.source)}"
+                      where + ", ".join(n.avals),
+                      f"%{i} {n.op} -> {', '.join(n.avals)}\n{where}{sources.describe(n.source)}"
                       + ("\nthe graph is split here" if n.split else ""),
                       source=_innermost(n.source), output=i in outputs, split=n.split)
             for w in n.operands:
-                box.preds.add(w if isinstance(w, int) else len(params) + w[0])
+                box.preds.add(w if isinstance(w, int) else len(params) + w.node)
             nodes.append(box)
         return params + nodes, False
     return params + _grouped(graph, len(params), outputs, max_boxes - len(params)), True
@@ -82,8 +84,8 @@ def _grouped(graph: GraphInfo, offset: int, outputs: set, budget: int) -> list[B
             for w in graph.nodes[i].operands:
                 if isinstance(w, int):
                     box.preds.add(w)
-                elif group_of[w[0]] != g:
-                    box.preds.add(offset + group_of[w[0]])
+                elif group_of[w.node] != g:
+                    box.preds.add(offset + group_of[w.node])
         boxes.append(box)
     return boxes
 

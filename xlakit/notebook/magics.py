@@ -1,16 +1,20 @@
 """%%xla_step and %xla_history."""
 from __future__ import annotations
 
+import collections
+
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
 from .. import api
-from ..record import StepRecord
+from ..config import config
+from ..record import Backend, StepRecord
 from .views import HistoryView, StepView
 
-# (cell name, record) for every step run under %%xla_step, oldest first
-HISTORY: list[tuple[str, StepRecord]] = []
+# (cell name, record) for the steps run under %%xla_step, oldest first: the
+# newest config.record_limit, like the log the records come from
+HISTORY: collections.deque[tuple[str, StepRecord]] = collections.deque(maxlen=config.record_limit)
 
 
 @magics_class
@@ -19,17 +23,18 @@ class XlaMagics(Magics):
     @argument("--name", help="name for this cell's steps (default: the cell number)")
     @argument("--hlo", action="store_true", help="show the HLO of each executable")
     @argument("--quiet", action="store_true", help="record, but show nothing")
-    @argument("--backend", choices=["xlakit", "torch_xla"], default="xlakit",
+    @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
               help="whose executor: xlakit's, or the real torch_xla's")
     @cell_magic
     def xla_step(self, line, cell):
         """Run the cell, then a step marker; show one view per step the cell produced."""
         args = parse_argstring(self.xla_step, line)
         name = args.name or f"cell {self.shell.execution_count}"
-        run = self._run_torch_xla if args.backend == "torch_xla" else self._run_xlakit
+        run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
-            run(cell, records)
+            with api.capture() as records:
+                run(cell)
         finally:
             # on an error, what ran so far is still shown; the error then propagates
             for record in records:
@@ -43,23 +48,16 @@ class XlaMagics(Magics):
         filename = self.shell.compile.cache(cell, self.shell.execution_count)
         exec(self.shell.compile(cell, filename, "exec"), self.shell.user_ns)
 
-    def _run_xlakit(self, cell: str, records: list) -> None:
-        last = api.last_step()
-        before = last.index if last is not None else -1
-        try:
-            self._exec(cell)
-            api.mark_step()
-        finally:
-            records.extend(r for r in api.steps() if r.index > before)
+    def _run_xlakit(self, cell: str) -> None:
+        self._exec(cell)
+        api.mark_step()
 
-    def _run_torch_xla(self, cell: str, records: list) -> None:
+    def _run_torch_xla(self, cell: str) -> None:
         from .. import torch_xla as adapter
 
         before = adapter.execution_count()
         self._exec(cell)
-        record = adapter.step(implicit_executions=adapter.execution_count() - before)
-        if record is not None:
-            records.append(record)
+        adapter.step(implicit_executions=adapter.execution_count() - before)  # its record goes to the log
 
     @magic_arguments()
     @argument("--clear", action="store_true", help="forget the history")

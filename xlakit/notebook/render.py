@@ -8,7 +8,8 @@ from __future__ import annotations
 import html
 
 from .. import keys
-from ..record import StepRecord, Timings
+from .. import record as record_text
+from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
 from . import graph_svg
 
 STYLE = """<style>
@@ -17,14 +18,6 @@ STYLE = """<style>
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
 </style>"""
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
@@ -36,61 +29,21 @@ def changed_components(record: StepRecord, previous: StepRecord | None) -> set[s
     return changed
 
 
-def _key_owner(record: StepRecord) -> str:
-    return "in key" if record.backend == "xlakit" else f"in {record.backend}'s key"
-
-
-def cache_line(record: StepRecord) -> str:
-    if record.cache == "hit":
-        return f"cache hit ({_ordinal(record.uses)} use)" if record.backend == "xlakit" else "cache hit"
-    if record.cache == "persistent_hit":
-        return "persistent cache hit (loaded from disk, not compiled)"
-    return "cache miss: compiled"
-
-
 def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
-    """On a miss: against the previous step of the same cell when there is one
-    (what the user changed), else against the closest cached key."""
-    if record.cache == "hit":
-        return [cache_line(record)]
-    if record.backend != "xlakit":
-        return [cache_line(record), *record.why]
-    if previous is not None and previous.key != record.key:
+    """On a miss with a previous step of the same cell: what differs from that
+    step (what the user changed), from the two records' data. The engine's own
+    `why` answers another question, the difference from the closest cached key,
+    which may be another cell's graph; it is shown when there is no previous step."""
+    if (record.cache is not Cache.HIT and record.backend is Backend.XLAKIT
+            and previous is not None and previous.key != record.key):
         changed = keys.diff(record.components, previous.components)
         return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
                 *keys.explain_miss(record.components, record.graph, previous.components, previous.graph)]
-    if not record.changed:
-        return ["first compilation of this graph (nothing similar cached)"]
-    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
-
-
-def donation_lines(record: StepRecord) -> list[str]:
-    if not record.donated:
-        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
-    lines = [f"{len(record.donated)} buffer(s) donated, {human_bytes(record.donated_bytes)} reused"]
-    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
-              for d in record.donated]
-    if record.donation_note:
-        lines.append(f"  not donated: {record.donation_note}")
-    return lines
+    return record_text.why_lines(record)
 
 
 def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
-    changed = changed_components(record, previous)
-    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
-        ("" if record.backend == "xlakit" else f" ({record.backend})")
-    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
-             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
-    if record.source:
-        lines.append(f"  at {record.source}")
-    lines.append(f"  key components ({_key_owner(record)}):")
-    for c, v in record.components.items():
-        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
-    lines.append(f"    metadata {record.metadata_digest[:16]} (not in key)"
-                 f"{'  *changed*' if 'metadata' in changed else ''}")
-    lines += [f"  why: {line}" for line in why_lines(record, previous)]
-    lines += [f"  donation: {line}" for line in donation_lines(record)]
-    return "\n".join(lines)
+    return record_text.text(record, name, changed_components(record, previous), why_lines(record, previous))
 
 
 def html_view(record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
@@ -109,14 +62,14 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
     ]
     if hlo:
-        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo)}</pre>"))
+        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))
     return sections
 
 
 def key_table(record: StepRecord, previous: StepRecord | None) -> str:
     changed = changed_components(record, previous)
-    rows = [(c, v, _key_owner(record)) for c, v in record.components.items()]
-    rows.append(("metadata", record.metadata_digest, "not in key"))
+    rows = [(c, v, key_owner(record)) for c, v in record.components.items()]
+    rows.append(("metadata", record.metadata_digest or "unknown", "not in key"))
     body = "".join(
         f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'
         f"<td>{c}</td><td>{v}</td><td>{where}{' (changed)' if c in changed else ''}</td></tr>"
@@ -128,9 +81,9 @@ def key_table(record: StepRecord, previous: StepRecord | None) -> str:
 def donation_table(record: StepRecord) -> str:
     if not record.donated:
         return _list_html(donation_lines(record))
-    body = "".join(f"<tr><td>{d.index}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
-                   f"<td>{list(d.shape)}</td><td>{d.dtype}</td><td>{human_bytes(d.nbytes)}</td></tr>"
-                   for d in record.donated)
+    body = "".join(f"<tr><td>{_known(d.index)}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
+                   f"<td>{_known(d.shape and list(d.shape))}</td><td>{_known(d.dtype)}</td>"
+                   f"<td>{human_bytes(d.nbytes)}</td></tr>" for d in record.donated)
     note = f"<div>not donated: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
     return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
             f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
@@ -140,8 +93,8 @@ def timing_table(record: StepRecord) -> str:
     t = record.timings
     rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
             ("compile", _ms(t.compile)), ("execute", _execute_ms(t)),
-            ("executables cached", str(record.cache_entries)),
-            ("hit rate so far", f"{record.hit_rate:.0%}" if record.backend == "xlakit" else "unknown")]
+            ("executables cached", _known(record.cache_entries)),
+            ("hit rate so far", _known(record.hit_rate, "{:.0%}"))]
     return '<table class="xlakit-timing">' + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) \
         + "</table>"
 
@@ -151,6 +104,10 @@ def _header_html(record: StepRecord, name: str | None) -> str:
     where = f" at {html.escape(record.source)}" if record.source else ""
     return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
             f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
+
+
+def _known(value, form: str = "{}") -> str:
+    return "unknown" if value is None else form.format(value)
 
 
 def _list_html(lines: list[str]) -> str:
@@ -163,11 +120,6 @@ def _ms(seconds: float) -> str:
 
 def _execute_ms(t: Timings) -> str:
     return _ms(t.execute) if t.waited else f"{_ms(t.execute)} to dispatch (not waited for)"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 def history_text(rows: list[tuple[str, StepRecord]]) -> str:

@@ -1,0 +1,58 @@
+"""StepRecord's typed fields: enums equal to the strings users compare with, None for unknowns."""
+import pytest
+import torch
+
+import xlakit
+from xlakit.record import Backend, Cache, Output, Trigger
+
+
+def test_trigger_cache_and_backend_are_enums_equal_to_their_strings(dev):
+    x = torch.arange(4.0).to(dev)
+    with xlakit.capture() as steps:
+        (x * 7 - 2).sum().item()
+        (x * 7 - 2).sum().item()
+    first, second = steps
+    assert first.trigger is Trigger.ITEM and first.trigger == "item" and f"{first.trigger}" == "item"
+    assert first.cache in (Cache.MISS, Cache.PERSISTENT_HIT) and second.cache is Cache.HIT == "hit"
+    assert first.backend is Backend.XLAKIT and first.backend == "xlakit"
+    assert first.metadata_digest is not None and first.donated_bytes == 0
+
+
+def test_operands_and_roots_are_typed_and_equal_to_pairs(dev):
+    x = torch.ones(3).to(dev)
+    y = (x + 1) * 2
+    xlakit.mark_step()
+    graph = xlakit.last_step().graph
+    mul = next(n for n in graph.nodes if "mul" in n.op)
+    assert Output(0, 0) in mul.operands and (0, 0) in mul.operands
+    assert all(isinstance(o, (int, Output)) for n in graph.nodes for o in n.operands)
+    assert graph.roots[0] == (1, 0) and graph.roots[0].node == 1 and graph.roots[0].output == 0
+    assert graph.params[0].aval == "f32[3]"
+    del y
+
+
+def test_explains_fx_partition_is_a_field_of_its_own():
+    def f(x):
+        return torch.angle(x.sin() - 1).sum()
+
+    report = xlakit.explain(f, torch.randn(4))
+    graph = report.graphs[0]
+    assert [n.partition for n in graph.nodes] == list(report.partitions[0].values())
+    assert all(n.avals and "executable" not in ",".join(n.avals) for n in graph.nodes)
+    assert graph.params[0].aval == "f32[4]" and graph.params[0].label is not None
+
+
+def test_torch_xla_unknowns_are_none():
+    torch_xla = pytest.importorskip("torch_xla")
+    from xlakit import torch_xla as adapter
+
+    w = torch.ones(5).to(torch_xla.device())
+    torch_xla.sync()
+    w.mul_(3)
+    record = adapter.step()
+    assert record.backend is Backend.TORCH_XLA and record.trigger is Trigger.MARK_STEP
+    assert record.metadata_digest is None and record.hlo is None and record.uses is None
+    assert record.hit_rate is None and record.cache_entries is None
+    assert all(d.index is None and d.nbytes is None for d in record.donated)
+    assert record.donated_bytes is None if record.donated else record.donated_bytes == 0
+    assert w.cpu().tolist() == [3.0] * 5

@@ -1,0 +1,48 @@
+"""BreakReport -> static HTML and a widget: the views of xlakit.explain's report."""
+from __future__ import annotations
+
+import dataclasses
+import html
+
+from ..breaks import BreakReport
+from .graph_svg import to_svg
+
+
+class BreakView(BreakReport):
+    """A BreakReport (the same data; `path()`, `paths`, `partitions`, `graphs`)
+    that also shows itself: HTML table, and a widget with the FX graphs."""
+
+    @classmethod
+    def of(cls, report: BreakReport) -> BreakView:
+        return cls(**{f.name: getattr(report, f.name) for f in dataclasses.fields(BreakReport)})
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{html.escape(p.path)}</td><td>{p.graphs}</td><td>{p.breaks}</td>"
+                       f"<td>{'<br>'.join(html.escape(w) for w in p.why)}</td></tr>" for p in self.paths)
+        return (f"<div>{html.escape(self.note)}</div><table class='xlakit-breaks'><tr><th>path</th>"
+                f"<th>graphs</th><th>breaks</th><th>where and why</th></tr>{rows}</table>")
+
+    def widget(self):
+        """The table, and a picker of FX graphs showing each one's nodes by
+        executable, with the split points outlined (dashed orange)."""
+        import ipywidgets
+
+        view = ipywidgets.HTML()
+        picker = ipywidgets.Dropdown(options=[(f"FX graph {i}", i) for i in range(len(self.graphs))],
+                                     description="graph")
+
+        def show(change=None):
+            if self.graphs:
+                view.value = to_svg(self.graphs[picker.value])
+
+        picker.observe(show, names="value")
+        show()
+        return ipywidgets.VBox([ipywidgets.HTML(self._repr_html_()), picker, view])
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        try:
+            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
+        except ImportError:
+            pass  # no ipywidgets: the static HTML stands alone
+        return bundle
