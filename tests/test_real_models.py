@@ -145,6 +145,16 @@ class Steps:
         self._seen = len(records)
 
 
+def train_both(model, lazy, batch, dev):
+    """Train the device copy (a step marker after each step) and the eager model:
+    (the device's records per step, its losses, eager's losses)."""
+    xlakit.mark_step()
+    xlakit.reset_metrics()
+    step = Steps()
+    lazy_losses = train(lazy, {k: v.to(dev) for k, v in batch.items()}, step)
+    return step, lazy_losses, train(model, batch, lambda: None)
+
+
 _FALLBACK = re.compile(r"xlakit: (\S+) runs eagerly on CPU")
 
 
@@ -173,11 +183,7 @@ def test_training_matches_eager(dev, fallback_warnings, name):
     if name == "gpt2":
         assert lazy.lm_head.weight is lazy.transformer.wte.weight
 
-    xlakit.mark_step()
-    xlakit.reset_metrics()
-    step = Steps()
-    lazy_losses = train(lazy, {k: v.to(dev) for k, v in batch.items()}, step)
-    eager_losses = train(model, batch, lambda: None)
+    step, lazy_losses, eager_losses = train_both(model, lazy, batch, dev)
 
     for got, want in zip(lazy_losses, eager_losses):
         assert_same(got, want, **TOL)
@@ -325,11 +331,7 @@ def test_gradient_checkpointing_trains_as_eager(dev):
     for m in (model, lazy):
         m.activation_checkpointing_enable()  # transformers 5's name for gradient_checkpointing_enable()
         assert m.is_activation_checkpointing
-    xlakit.mark_step()
-    xlakit.reset_metrics()
-    step = Steps()
-    lazy_losses = train(lazy, {k: v.to(dev) for k, v in batch.items()}, step)
-    eager_losses = train(model, batch, lambda: None)
+    step, lazy_losses, eager_losses = train_both(model, lazy, batch, dev)
     for got, want in zip(lazy_losses, eager_losses):
         assert_same(got, want, **TOL)
     for p, q in zip(lazy.parameters(), model.parameters()):

@@ -6,9 +6,10 @@ import html
 
 from ..breaks import BreakReport
 from .graph_svg import to_svg
+from .views import Displayed
 
 
-class BreakView(BreakReport):
+class BreakView(BreakReport, Displayed):
     """A BreakReport (the same data; `path()`, `paths`, `partitions`, `graphs`)
     that also shows itself: HTML table, and a widget with the FX graphs."""
 
@@ -38,11 +39,3 @@ class BreakView(BreakReport):
         picker.observe(show, names="value")
         show()
         return ipywidgets.VBox([ipywidgets.HTML(self._repr_html_()), picker, view])
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
-        try:
-            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
-        except ImportError:
-            pass  # no ipywidgets: the static HTML stands alone
-        return bundle

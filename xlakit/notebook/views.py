@@ -5,7 +5,19 @@ from ..record import StepRecord
 from . import render
 
 
-class StepView:
+class Displayed:
+    """Every view's display: plain text, static HTML and, where ipywidgets runs, its widget."""
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+        try:
+            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
+        except ImportError:
+            pass  # no ipywidgets: the static HTML stands alone
+        return bundle
+
+
+class StepView(Displayed):
     def __init__(self, record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
                  hlo: bool = False):
         self.record, self.name, self.previous, self.hlo = record, name, previous, hlo
@@ -27,13 +39,6 @@ class StepView:
         header = ipywidgets.HTML(render._header_html(self.record, self.name))
         return ipywidgets.VBox([header, tabs])
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
-        try:
-            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
-        except ImportError:
-            pass  # no ipywidgets: the static HTML stands alone
-        return bundle
 
 
 class HistoryView:
