@@ -75,3 +75,19 @@ def test_a_notebook_cell_reads_as_cell_n_line_m(monkeypatch):
     record = xlakit.last_step()
     assert record.source == f"cell {number} line 6"
     assert sources.describe(record.graph.nodes[-1].source) == f"cell {number} line 5"
+
+
+def test_cell_numbers_in_a_real_kernel():
+    # ipykernel counts the next cell in execution_count while a cell runs; the
+    # lines of a %%xla_step cell must still read as that cell's number
+    nbclient, nbformat = pytest.importorskip("nbclient"), pytest.importorskip("nbformat")
+    body = "%%xla_step --quiet\ny = (x * 2).sum()"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext xlakit\nimport torch, xlakit\nfrom xlakit import sources\n"
+                                          "x = torch.ones(3).to(xlakit.device())"),
+                nbformat.v4.new_code_cell(body), nbformat.v4.new_code_cell(body),
+                nbformat.v4.new_code_cell("r = xlakit.last_step()\n"
+                                          "print(r.source, '|', sources.describe(r.graph.nodes[-1].source))")]
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    assert [c.execution_count for c in nb.cells] == [1, 2, 3, 4]
+    assert nb.cells[3].outputs[0]["text"] == "cell 3 line 1 | cell 3 line 1\n"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import sys
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -29,7 +30,7 @@ class XlaMagics(Magics):
     def xla_step(self, line, cell):
         """Run the cell, then a step marker; show one view per step the cell produced."""
         args = parse_argstring(self.xla_step, line)
-        name = args.name or f"cell {self.shell.execution_count}"
+        name = args.name or f"cell {self._cell_number()}"
         run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
@@ -44,8 +45,21 @@ class XlaMagics(Magics):
                 if not args.quiet:
                     display(StepView(record, name, previous, args.hlo))
 
+    def _cell_number(self) -> int:
+        """The running cell's number, [N] on the page: the number IPython gave the
+        code that called this magic. (ipykernel has counted the next cell in
+        `execution_count` already; a plain IPython shell has not.)"""
+        numbers = self.shell.compile._filename_map
+        frame = sys._getframe(1)
+        while frame is not None:
+            number = numbers.get(frame.f_code.co_filename)
+            if number is not None:
+                return number
+            frame = frame.f_back
+        return self.shell.execution_count
+
     def _exec(self, cell: str) -> None:
-        filename = self.shell.compile.cache(cell, self.shell.execution_count)
+        filename = self.shell.compile.cache(cell, self._cell_number())
         exec(self.shell.compile(cell, filename, "exec"), self.shell.user_ns)
 
     def _run_xlakit(self, cell: str) -> None:
