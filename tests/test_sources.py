@@ -91,3 +91,23 @@ def test_cell_numbers_in_a_real_kernel():
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3").execute()
     assert [c.execution_count for c in nb.cells] == [1, 2, 3, 4]
     assert nb.cells[3].outputs[0]["text"] == "cell 3 line 1 | cell 3 line 1\n"
+
+
+def _with_a_fallback(x):
+    y = x.sin()
+    z = torch.angle(y - 1)  # no XLA lowering: runs eagerly on CPU, a split of the FX graph
+    return z * 3
+
+
+def test_compiled_nodes_and_warnings_keep_their_own_lines(dev, monkeypatch):
+    # torch.compile's backend runs FX nodes; each keeps the line Dynamo recorded
+    # for it, not the line of the frame Dynamo runs (the def, or a resume point)
+    monkeypatch.setattr(eager, "WARNED", set())
+    torch._dynamo.reset()
+    first = _with_a_fallback.__code__.co_firstlineno
+    with xlakit.capture() as steps, pytest.warns(UserWarning, match="angle.default runs eagerly") as caught:
+        torch.compile(_with_a_fallback, backend="xlakit")(torch.ones(3))  # Dynamo takes host tensors
+    lines = {str(n.op): n.source.user.line for r in steps for n in r.graph.nodes}
+    assert lines["aten.sin.default"] == first + 1 and lines["aten.sub.Tensor"] == first + 2, lines
+    assert lines["aten.mul.Tensor"] == first + 3, lines
+    assert [w.lineno for w in caught if "angle" in str(w.message)] == [first + 2]

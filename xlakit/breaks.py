@@ -16,6 +16,7 @@ from torch.utils._pytree import tree_map_only
 
 from . import api, dynamo, runtime, sources
 from .frontend import DEVICE
+from .ir import Frame
 from .record import Trigger
 
 
@@ -73,7 +74,7 @@ def _dynamo_fx(fn, args, kwargs):
     why = []
     for reason in out.break_reasons:
         frame = reason.user_stack[-1] if reason.user_stack else None
-        where = f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" if frame else "?"
+        where = sources.short(Frame(frame.filename, frame.lineno, frame.name)) if frame else "?"
         why.append(f"{where}: {reason.reason.splitlines()[0][:100]}")
     ops = [[getattr(op, "__name__", str(op)) for op in graph_ops] for graph_ops in out.ops_per_graph]
     return PathReport("Dynamo FX", out.graph_count, out.graph_break_count, why), ops

@@ -18,7 +18,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from . import runtime, transfer
+from . import runtime, sources, transfer
 from .engine import current
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 from .ir import Aval, DeviceData, Frame, Source
@@ -138,9 +138,11 @@ def _interpret(gm, inputs, record: CompiledGraph):
             elif node.op == "call_function":
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
                 executions_before = len(steps)
-                env[node.name] = node.target(*args, **kwargs)
+                source = _user_line(node)
+                with sources.recorded_at(source):
+                    env[node.name] = node.target(*args, **kwargs)
                 if len(steps) > executions_before:  # this node forced an execution: a split
-                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, _user_line(node)))
+                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
                 record.partition[node.name] = len(steps)
             elif node.op == "get_attr":
                 env[node.name] = _to_lazy(getattr(gm, node.target))

@@ -8,10 +8,12 @@ IPython's temporary file, and a warning is attributed to the user's line.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import site
 import sys
 import sysconfig
+import threading
 import warnings
 
 from .ir import Frame, Source
@@ -47,8 +49,29 @@ def _classify(filename: str) -> int:
     return USER
 
 
+class _RecordedAt(threading.local):
+    source: Source | None = None
+
+
+_RECORDED_AT = _RecordedAt()
+
+
+@contextlib.contextmanager
+def recorded_at(source: Source | None):
+    """Attribute the ops of the block to `source`. torch.compile's backend runs
+    FX nodes whose own lines Dynamo kept; the Python stack then only holds the
+    frame Dynamo resumed, at the line of the previous graph break."""
+    before, _RECORDED_AT.source = _RECORDED_AT.source, source
+    try:
+        yield
+    finally:
+        _RECORDED_AT.source = before
+
+
 def capture() -> Source | None:
     """The innermost user line and the innermost library line below it."""
+    if _RECORDED_AT.source is not None:
+        return _RECORDED_AT.source
     frame = sys._getframe(1)
     library = None
     while frame is not None:
