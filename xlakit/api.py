@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from .engine import current
 from . import runtime
+from .engine import current
 from .frontend import DEVICE, unwrap
-from .sources import user_line
 from .record import StepRecord
+from .sources import user_line
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
            "reset_metrics", "clear_cache"]

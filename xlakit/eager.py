@@ -14,7 +14,6 @@ import torch
 from . import sources
 from .ir import Node, fill
 from .lowering import jax_dtype
-from .ops import NeedsEager  # noqa: F401 - the verdict that sends a call here, raised by frontend and lowering
 
 # ops already announced: each op warns once per process, whichever caller ran it
 WARNED: set = set()

@@ -119,7 +119,7 @@ class _OpInfo:
         self.cpu_indices = policy.cpu_indices
 
 
-def _op_info(op) -> _OpInfo:
+def op_info(op) -> _OpInfo:
     # Keyed by id: ops are process-wide singletons and OpOverload.__hash__ is Python code.
     info = _OP_INFO.get(id(op))
     if info is None:
@@ -228,7 +228,7 @@ def _operand(value, func, source, tensors: list):
                            torch.get_default_dtype())
         return _lifted_scalar(value, float_dtype)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0 or _op_info(func).cpu_indices:
+    if value.dim() == 0 or op_info(func).cpu_indices:
         data = from_host(value)._state.data
         data.read_only = True
         return data
@@ -238,8 +238,8 @@ def _operand(value, func, source, tensors: list):
     )
 
 
-def _dispatch(func, args, kwargs):
-    info = _op_info(func)
+def dispatch(func, args, kwargs):
+    info = op_info(func)
     if info.special is not None:
         return info.special(*args, **kwargs)
     if info.functional is not None:
@@ -265,7 +265,7 @@ def _foreach(list_args, args, kwargs):
                 kwargs_i[params[p].name] = value
             else:
                 args_i.append(value)
-        results.append(_dispatch(per_tensor, args_i, kwargs_i))
+        results.append(dispatch(per_tensor, args_i, kwargs_i))
     return results
 
 
@@ -278,7 +278,7 @@ def _mutate(func, functional, args, kwargs):
     if functional is aten.copy.default:
         value = _copy(*args, **kwargs)
     else:
-        value = _dispatch(functional, args, kwargs)
+        value = dispatch(functional, args, kwargs)
     current().register(self, value._state)
     return self
 
@@ -286,7 +286,7 @@ def _mutate(func, functional, args, kwargs):
 def _functional_of_out(op):
     """`eye.m_out` -> `eye.m`; None unless the op writes one `out` argument."""
     outs = [a.name for a in op._schema.arguments if a.is_out]
-    return _functional_variant(op) if outs == ["out"] else None
+    return functional_variant(op) if outs == ["out"] else None
 
 
 def _write_out(functional, args, kwargs):
@@ -297,7 +297,7 @@ def _write_out(functional, args, kwargs):
     out = kwargs.pop("out")
     if "dtype" in (a.name for a in functional._schema.arguments) and "dtype" not in kwargs:
         kwargs.update(dtype=out.dtype, device=DEVICE)  # a factory makes out's dtype
-    value = _dispatch(functional, args, kwargs)
+    value = dispatch(functional, args, kwargs)
     if value.dtype != out.dtype:
         value = _record(aten._to_copy.default, (value,), {"dtype": out.dtype})
     if value.shape != out.shape:  # resize out's TensorImpl in place (the guard: set_data's type check)
@@ -309,14 +309,14 @@ def _write_out(functional, args, kwargs):
 
 def _record(func, args, kwargs):
     """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
-    info = _op_info(func)
+    info = op_info(func)
     if info.decomposition is not None:
         return info.decomposition(*args, **kwargs)
     if info.shape_only_random:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
         # input's shape alone: nothing to sync, no graph split
         like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
-        return from_host(func(*like, **_to_cpu(kwargs)))
+        return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
     try:
         avals, structure, node_signature = _infer(func, template, tensors, signature)
@@ -359,18 +359,18 @@ def run_eagerly(func, args, kwargs, *, reason: str):
     eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
-    return _upload_outputs(eager.run(func, _to_cpu(list(args)), _to_cpu(kwargs)))
+    return _upload_outputs(eager.run(func, to_cpu(list(args)), to_cpu(kwargs)))
 
 
-def _to_cpu(v):
+def to_cpu(v):
     if isinstance(v, LazyTensor):
         return transfer.to_host(current().read(v._state).array, v.dtype)
     if isinstance(v, torch.device) and v.type == "lazy":
         return torch.device("cpu")
     if isinstance(v, (list, tuple)):
-        return type(v)(_to_cpu(x) for x in v)
+        return type(v)(to_cpu(x) for x in v)
     if isinstance(v, dict):
-        return {k: _to_cpu(x) for k, x in v.items()}
+        return {k: to_cpu(x) for k, x in v.items()}
     return v
 
 
@@ -409,10 +409,10 @@ def _copy(dst, src, non_blocking=False):
         src = _record(aten._to_copy.default, (src,), {"dtype": dst.dtype})
     if tuple(src.shape) != tuple(dst.shape):
         src = _record(aten.expand_copy.default, (src, list(dst.shape)), {})
-    return _alias(src)
+    return alias(src)
 
 
-def _alias(x, *_, **__):
+def alias(x, *_, **__):
     """A new tensor sharing x's value (values are immutable): no node, no copy."""
     return LazyTensor(x._state)
 
@@ -463,12 +463,12 @@ def _local_scalar_dense(x):
 _SPECIAL = {ops.key(op): handler for op, handler in {
     aten._to_copy.default: _to_copy,
     aten.copy.default: _copy,
-    aten.detach.default: _alias,
-    aten.alias.default: _alias,
-    aten.detach_copy.default: _alias,
-    aten.alias_copy.default: _alias,
-    aten.lift_fresh.default: _alias,
-    aten.clone.default: _alias,
+    aten.detach.default: alias,
+    aten.alias.default: alias,
+    aten.detach_copy.default: alias,
+    aten.alias_copy.default: alias,
+    aten.lift_fresh.default: alias,
+    aten.clone.default: alias,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.slice_copy.Tensor: _slice_copy,
 }.items()}
@@ -476,11 +476,11 @@ if set(_SPECIAL) != ops.named(Handling.FRONTEND):
     raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
 
 
-def _functional_variant(op):
+def functional_variant(op):
     packet = op._overloadpacket
     name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
     name = name.rstrip("_") or "default"
     return getattr(packet, name) if name in packet.overloads() else packet.default
 
 
-set_dispatcher(_dispatch)
+set_dispatcher(dispatch)

@@ -9,7 +9,7 @@ import warnings
 
 import torch
 
-from .frontend import _alias, _dispatch, _functional_variant, _op_info, _to_cpu
+from .frontend import alias, dispatch, functional_variant, op_info, to_cpu
 from .tensor import LazyTensor, from_host, wrap
 
 aten = torch.ops.aten
@@ -31,13 +31,13 @@ def _lazy_backend(op, *args, **kwargs):
     # too, and lifts a functional result itself.
     below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
              and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
-    wrap_ = _alias if below else wrap
+    wrap_ = alias if below else wrap
     out = kwargs.get("out")
-    if out is None and _op_info(op).lowerable:
-        return wrap_(_dispatch(op, args, kwargs))
-    host_args, host_kwargs = _to_cpu(list(args)), _to_cpu({k: v for k, v in kwargs.items() if k != "out"})
+    if out is None and op_info(op).lowerable:
+        return wrap_(dispatch(op, args, kwargs))
+    host_args, host_kwargs = to_cpu(list(args)), to_cpu({k: v for k, v in kwargs.items() if k != "out"})
     if out is not None:
-        op = _functional_variant(op)
+        op = functional_variant(op)
     result = op(*host_args, **host_kwargs)
     if out is not None:
         return _replace(out, from_host(result))
