@@ -10,7 +10,6 @@ xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch._decomp
@@ -25,12 +24,6 @@ from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, t
 
 _META = torch.device("meta")
 
-
-@functools.cache
-def _jax_device() -> torch.device:
-    """The device torchax's lowerings expect in factory arguments (its import names it)."""
-    lowering.torchax()
-    return torch.device("jax", 0)
 
 aten = torch.ops.aten
 
@@ -174,7 +167,7 @@ def _split_one(value, tensors: list, lifted: bool):
         tensors.append(value)
         return Slot(len(tensors) - 1), _LIFTED
     if isinstance(value, torch.device):
-        return (_jax_device() if value.type == "lazy" else value), str(value)
+        return value, str(value)
     return value, (value.__class__, value)
 
 

@@ -11,7 +11,6 @@ import os
 import platform
 import re
 from functools import lru_cache
-from importlib import metadata
 
 from . import sources
 from .ir import Graph, digest
@@ -79,7 +78,7 @@ def backend_description() -> dict[str, str]:
         "python": platform.python_version(),
         "platform": device.platform, "device_kind": device.device_kind,
         "jax": jax.__version__, "jaxlib": jaxlib.__version__,
-        "torchax": metadata.version("torchax"), "torch": torch.__version__, "xlakit": __version__,
+        "torch": torch.__version__, "xlakit": __version__,
     }
 
 

@@ -1,9 +1,10 @@
 """Graph -> jax function -> compiled executable.
 
-Each node is replayed on tracers inside jax.jit through the op table: torchax's
-aten implementations (a well-kept library of ~440 lowerings), or where the
-table's policy (ops.py) says so, xlakit's own lowerings, decompositions and
-guards, which this module implements.
+Each node is replayed on tracers inside jax.jit through xlakit's lowering
+table (xlakit/lowerings: one JAX function per aten op). Ops without an entry
+are replaced at record time by PyTorch's decompositions, or by the op
+table's own (ops.py says which; this module implements them), and
+otherwise run eagerly on CPU.
 """
 from __future__ import annotations
 
@@ -16,45 +17,17 @@ import jax.numpy as jnp
 import torch
 import torch._decomp
 
-from . import ops, sources
+from . import lowerings, ops, sources
 from .ir import Aval, Graph, Node, fill
+from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "2"
-
-_TORCH_TO_JAX = {
-    torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
-    torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32,
-    torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
-    torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
-}
-
-
-def jax_dtype(dtype: torch.dtype):
-    try:
-        return _TORCH_TO_JAX[dtype]
-    except KeyError:
-        raise TypeError(f"xlakit: dtype {dtype} has no XLA equivalent") from None
+LOWERING_VERSION = "3"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, jax_dtype(aval.dtype))
-
-
-@functools.cache
-def torchax():
-    """torchax, imported on first use, not with xlakit: its import renames torch's
-    privateuse1 backend and sets JAX options, which `import xlakit` must not."""
-    import torchax
-    import torchax.tensor
-
-    return torchax
-
-
-@functools.cache
-def _env():
-    return torchax().default_env()
 
 
 def _batch_norm_stats_as_on_cpu(op):
@@ -80,9 +53,8 @@ def _batch_norm_stats_as_on_cpu(op):
 
 
 def _allclose(op):
-    """torchax's allclose is wrong (the op table says so), its meta kernel calls .item()
-    and torchax has no isclose: torch's isclose, in ops that lower, then one
-    read of the bool (a sync, as in eager)."""
+    """allclose returns a Python bool and its meta kernel calls .item(): torch's
+    isclose, in ops that lower, then one read of the bool (a sync, as in eager)."""
     def run(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
         if self.dtype != other.dtype:
             raise RuntimeError(f"allclose: expected both inputs to be of the same dtype, "
@@ -128,82 +100,14 @@ _OWN_DECOMPOSITIONS = {
 
 def decomposition(op):
     """The function the frontend calls instead of recording `op` (the op
-    table's policy says which), or None."""
+    table's policy says which), or None. An op the lowering table lacks takes
+    PyTorch's decomposition where there is one."""
     handling = ops.policy(op).handling
     if handling is Handling.OWN_DECOMPOSITION:
         return _OWN_DECOMPOSITIONS[op_name(op)](op)
-    if handling is Handling.DECOMPOSED:
-        return torch._decomp.decomposition_table[op]
+    if handling is Handling.DECOMPOSED or (handling is Handling.LOWERED and lowerings.find(op) is None):
+        return torch._decomp.decomposition_table.get(op)
     return None
-
-
-def _convolution_backward(grad_out, input, weight, bias_sizes, stride, padding, dilation,
-                          transposed, output_padding, groups, output_mask):
-    """torchax has no convolution_backward: differentiate its forward lowering with JAX."""
-    env = _env()
-
-    def forward(x, w):
-        args = (torchax().tensor.Tensor(x, env), torchax().tensor.Tensor(w, env), None, stride, padding,
-                dilation, transposed, output_padding, groups)
-        return env.dispatch(torch.ops.aten.convolution.default, (), args, {}).jax()
-
-    _, vjp = jax.vjp(forward, input, weight)
-    grad_input, grad_weight = vjp(grad_out)
-    grad_bias = grad_out.sum(axis=[d for d in range(grad_out.ndim) if d != 1])
-    return tuple(g if wanted else None
-                 for g, wanted in zip((grad_input, grad_weight, grad_bias), output_mask))
-
-
-def _max_pool2d_with_indices_backward(grad_out, input, kernel_size, stride, padding, dilation,
-                                      ceil_mode, indices):
-    """Scatter-add each gradient to the input position torch recorded in `indices`
-    (torchax's lowering of this op gives wrong gradients)."""
-    spatial = input.shape[-2] * input.shape[-1]
-    planes = grad_out.reshape(-1, grad_out.shape[-2] * grad_out.shape[-1])
-    flat_idx = indices.reshape(planes.shape)
-    rows = jnp.arange(planes.shape[0])[:, None]
-    grad = jnp.zeros((planes.shape[0], spatial), grad_out.dtype).at[rows, flat_idx].add(planes)
-    return grad.reshape(input.shape)
-
-
-def _linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-    """torchax's lowering returns an unreduced array for a list of dims (found by
-    xlakit.opinfo); this is torch's definition."""
-    if dtype is not None:
-        x = x.astype(jax_dtype(dtype))
-    # dim 0 or -1 of a 0-d tensor is the tensor itself (found by xlakit.opinfo: masked.norm)
-    axis = None if not dim or x.ndim == 0 else tuple(d % x.ndim for d in dim)
-    magnitude = jnp.abs(x)
-    if ord == float("inf"):
-        return magnitude.max(axis=axis, keepdims=keepdim)
-    if ord == float("-inf"):
-        return magnitude.min(axis=axis, keepdims=keepdim)
-    if ord == 0:
-        return (x != 0).sum(axis=axis, keepdims=keepdim).astype(x.dtype)
-    return (magnitude ** ord).sum(axis=axis, keepdims=keepdim) ** (1.0 / ord)
-
-
-def _pointwise_with_value(combine):
-    """addcmul / addcdiv: torchax needs `value` as a Python number, but xlakit
-    lifts it to a 0-d input (a new learning rate must not recompile). Computed
-    as torch does, in the operands' promoted dtype with `value` cast to it.
-    (PyTorch's own decomposition works too, but costs ~50 µs of Python per call
-    at record time: most of an AdamW step's tracing.)"""
-    def lowering(self, tensor1, tensor2, *, value=1):
-        dtype = jnp.result_type(self, tensor1, tensor2)
-        value = jnp.asarray(value).astype(dtype)
-        return self.astype(dtype) + value * combine(tensor1.astype(dtype), tensor2.astype(dtype))
-    return lowering
-
-
-# The op table's own lowerings (ops.Handling.OWN_LOWERING), on jax arrays.
-_OWN_LOWERINGS = {
-    "aten::convolution_backward": _convolution_backward,
-    "aten::max_pool2d_with_indices_backward": _max_pool2d_with_indices_backward,
-    "aten::linalg_vector_norm": _linalg_vector_norm,
-    "aten::addcmul": _pointwise_with_value(jnp.multiply),
-    "aten::addcdiv": _pointwise_with_value(jnp.divide),
-}
 
 
 def op_name(op) -> str:
@@ -212,18 +116,8 @@ def op_name(op) -> str:
 
 
 def has_lowering(op) -> bool:
-    """Whether a node of `op` lowers: the op table's policy, and for ops it
-    leaves to torchax, whether torchax has an implementation."""
-    handling = ops.policy(op).handling
-    if handling is Handling.OWN_LOWERING:
-        return True
-    if handling in (Handling.EAGER, Handling.RANDOM, Handling.RANDOM_LIKE):
-        return False
-    try:
-        _env()._get_op_or_decomp(op)
-    except torchax().tensor.OperatorNotFound:
-        return False
-    return True
+    """Whether a node of `op` lowers: the op table's policy and the lowering table."""
+    return ops.policy(op).handling is Handling.LOWERED and lowerings.find(op) is not None
 
 
 class NodeLoweringError(RuntimeError):
@@ -260,7 +154,7 @@ def _strided_in_bounds(self, size, stride, storage_offset=None):
         raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
 
 
-# Checks of a node's arguments (torchax tensors) before it is lowered (ops.Policy.guard).
+# Checks of a node's arguments (jax arrays) before it is lowered (ops.Policy.guard).
 _GUARDS = {
     "aten::as_strided": _strided_in_bounds,
     "aten::as_strided_copy": _strided_in_bounds,
@@ -270,54 +164,52 @@ _GUARDS = {
 
 # The op table names what this module implements, no more, no less.
 if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
-        or set(_OWN_LOWERINGS) != ops.named(Handling.OWN_LOWERING) or set(_GUARDS) != ops.guarded()):
+        or set(_GUARDS) != ops.guarded()):
     raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
 
 
-def _replay(graph: Graph, *arrays):
-    env = _env()
-    wrap = lambda a: torchax().tensor.Tensor(a, env)  # noqa: E731
-    params = [wrap(a) for a in arrays]
+def _replay(graph: Graph, *params):
     outputs: list[list] = []
     for node, wires in zip(graph.nodes, graph.wiring):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
+        results = _lower_node(node, operands)
+        outputs.append(results)
+    return tuple(outputs[n][i] for n, i in graph.roots)
+
+
+def _lower_node(node: Node, operands: list) -> list:
+    """One node on tracers: its lowering, its outputs cast to the dtypes torch's
+    meta kernel gave. A wrong shape cannot be mended: the op fails, and runs
+    eagerly from then on."""
+    lowering = lowerings.find(node.op)
+    try:
+        for aval in node.avals:
+            if aval is not None and aval.dtype not in lowerings.XLA_DTYPES:
+                raise NeedsEager(f"XLA has no {aval.dtype}")
+        if lowering.promote:
+            out = next((a.dtype for a in node.avals if a is not None), None)
+            dtype = jax_dtype(lowerings.computation_dtype(operands, out))
+            operands = [o.astype(dtype) for o in operands]
         args, kwargs = fill(node.template, operands)
-        name = op_name(node.op)
-        policy = ops.policy(node.op)
-        own = _OWN_LOWERINGS[name] if policy.handling is Handling.OWN_LOWERING else None
-        try:
-            for aval in node.avals:
-                if aval is not None and aval.dtype not in _TORCH_TO_JAX:
-                    raise NeedsEager(f"XLA has no {aval.dtype}")
-            if policy.guard:
-                _GUARDS[name](*args, **kwargs)
-            if own is not None:
-                args, kwargs = env.t2j_iso((args, kwargs))
-                result = own(*args, **kwargs)
-            else:
-                result = env.dispatch(node.op, (), args, kwargs)
-        except NeedsEager as e:
-            raise NodeLoweringError(node, e, remember=False) from e
-        except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
-            raise NodeLoweringError(node, e) from e
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        # torchax may return JAX's dtypes (int32 indices, promoted scalars):
-        # cast to the dtype torch's own meta kernel says the op returns. A wrong
-        # shape cannot be mended: the op fails, and runs eagerly from then on.
-        arrays = [None if aval is None else _as_jax(r) for r, aval in zip(results, node.avals)]
-        for array, aval in zip(arrays, node.avals):
-            if aval is not None and tuple(array.shape) != aval.shape:
-                raise NodeLoweringError(node, ValueError(
-                    f"torchax returned shape {tuple(array.shape)}, torch says {aval.shape}"))
-        outputs.append([None if a is None else wrap(a.astype(jax_dtype(aval.dtype)))
-                        for a, aval in zip(arrays, node.avals)])
-    return tuple(outputs[n][i].jax() for n, i in graph.roots)
-
-
-def _as_jax(value):
-    if isinstance(value, torchax().tensor.Tensor):
-        return value.jax()
-    return jnp.asarray(value)
+        if ops.policy(node.op).guard:
+            _GUARDS[op_name(node.op)](*args, **kwargs)
+        result = lowering.fn(*args, **kwargs)
+    except NeedsEager as e:
+        raise NodeLoweringError(node, e, remember=False) from e
+    except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
+        raise NodeLoweringError(node, e) from e
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    arrays = []
+    for value, aval in zip(results, node.avals):
+        if aval is None:
+            arrays.append(None)
+            continue
+        array = jnp.asarray(value)
+        if tuple(array.shape) != aval.shape:
+            raise NodeLoweringError(node, ValueError(
+                f"the lowering returned shape {tuple(array.shape)}, torch says {aval.shape}"))
+        arrays.append(array.astype(jax_dtype(aval.dtype)))
+    return arrays
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str):

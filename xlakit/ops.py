@@ -1,11 +1,12 @@
 """The op table's policy: for each aten op, how xlakit handles it, and why.
 
 One table, read by the frontend at record time and by the lowering at compile
-time. An op not named here is lowered by the op table (today: torchax's
-aten -> JAX implementations) if it has an entry there, and otherwise runs
-eagerly on CPU ("no XLA lowering"); an op with a Generator argument is random.
-The implementations the table points at live where they run: own
-decompositions, own lowerings and guards in lowering.py (keyed by op name),
+time. An op not named here is lowered by xlakit's lowering table
+(xlakit/lowerings: aten -> JAX) if it has an entry there, replaced by PyTorch's
+decomposition if it has one, and otherwise runs eagerly on CPU ("no XLA
+lowering"); an op with a Generator argument is random. The implementations
+the table points at live where they run: own decompositions and guards in
+lowering.py (keyed by op name),
 the frontend's own handlers in frontend.py; both check on import that they
 implement exactly what the table names.
 
@@ -19,8 +20,7 @@ import enum
 
 
 class Handling(enum.Enum):
-    LOWERED = "lowered by the op table (torchax)"
-    OWN_LOWERING = "lowered by xlakit's own JAX function (lowering.py)"
+    LOWERED = "lowered by xlakit's lowering table (or, where it has no entry, PyTorch's decomposition)"
     DECOMPOSED = "replaced at record time by PyTorch's decomposition"
     OWN_DECOMPOSITION = "replaced at record time by xlakit's own decomposition (lowering.py)"
     EAGER = "runs eagerly on CPU"
@@ -46,67 +46,44 @@ class Policy:
     @property
     def recorded(self) -> bool:
         """Whether the op becomes a node of the IR (if the lowering can take it)."""
-        return self.handling in (Handling.LOWERED, Handling.OWN_LOWERING)
+        return self.handling is Handling.LOWERED
 
 
 H = Handling
 _LIFT = Policy(lift_scalars=True)
-_RANDOM = Policy(H.RANDOM, "random: torchax's key is fixed at trace time, so a cached executable would repeat "
-                           "its draws; torch's CPU generator draws them")
+_RANDOM = Policy(H.RANDOM, "random: a key fixed at trace time would make a cached executable repeat its "
+                           "draws; torch's CPU generator draws them")
 _RANDOM_LIKE = Policy(H.RANDOM_LIKE, "reads only its input's shape and dtype")
-_WRONG = "torchax's lowering is wrong (measured on PyTorch's OpInfo database)"
-_BATCH_NORM = ("torchax updates running_var with the biased variance; PyTorch's decomposition, with eval-mode "
-               "statistics as eager CPU returns them")
+_BATCH_NORM = "PyTorch's decomposition, with eval-mode statistics as eager CPU returns them"
 _ALIAS = "values are immutable: a new tensor sharing the value, no node, no copy"
 
 TABLE: dict[str, Policy] = {
     # -- arithmetic: scalars lifted to 0-d inputs ------------------------------
     "aten::add": _LIFT, "aten::sub": _LIFT, "aten::rsub": _LIFT, "aten::mul": _LIFT, "aten::div": _LIFT,
     "aten::lerp": _LIFT, "aten::where": _LIFT, "aten::masked_fill": _LIFT, "aten::fill": _LIFT,
-    "aten::clamp": _LIFT,
-    "aten::addcmul": Policy(H.OWN_LOWERING, "torchax needs `value` as a Python number; it is a lifted input",
-                            lift_scalars=True),
-    "aten::addcdiv": Policy(H.OWN_LOWERING, "torchax needs `value` as a Python number; it is a lifted input",
-                            lift_scalars=True),
+    "aten::clamp": _LIFT, "aten::addcmul": _LIFT, "aten::addcdiv": _LIFT,
     # -- CPU index tensors mix with device tensors ------------------------------
     "aten::index": Policy(cpu_indices=True), "aten::index_put": Policy(cpu_indices=True),
     "aten::_index_put_impl": Policy(cpu_indices=True),
-    # -- own lowerings (torchax has none, or a wrong one) -----------------------
-    "aten::convolution_backward": Policy(H.OWN_LOWERING, "torchax has none: JAX's vjp of its forward"),
-    "aten::max_pool2d_with_indices_backward": Policy(H.OWN_LOWERING, "torchax's gives wrong gradients"),
-    "aten::linalg_vector_norm": Policy(H.OWN_LOWERING, "torchax's does not reduce a list of dims (xlakit.opinfo)"),
     # -- guarded: arguments XLA would clamp where eager torch raises ------------
     "aten::as_strided": Policy(guard=True), "aten::as_strided_copy": Policy(guard=True),
     "aten::as_strided_scatter": Policy(guard=True),
     # -- PyTorch's decompositions at record time ---------------------------------
-    "aten::native_layer_norm_backward": Policy(H.DECOMPOSED, "torchax's has the wrong arity"),
     "aten::native_batch_norm": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
     "aten::_native_batch_norm_legit": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
     "aten::_native_batch_norm_legit_functional": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
     "aten::_native_batch_norm_legit_no_training": Policy(H.DECOMPOSED, _BATCH_NORM),
     "aten::native_batch_norm_backward": Policy(H.DECOMPOSED, _BATCH_NORM),
     "aten::native_dropout": Policy(H.DECOMPOSED, "random: its decomposition draws with torch's generator"),
-    "aten::norm": Policy(H.DECOMPOSED, "torchax's Frobenius norm is far off (xlakit.opinfo)"),
-    "aten::_scaled_dot_product_flash_attention_for_cpu": Policy(
-        H.DECOMPOSED, "torchax's logsumexp output has a wrong shape (the shape check)"),
     # -- own decompositions ------------------------------------------------------
-    "aten::allclose": Policy(H.OWN_DECOMPOSITION, "torchax's returns a tensor and its meta kernel calls .item(): "
+    "aten::allclose": Policy(H.OWN_DECOMPOSITION, "returns a Python bool and its meta kernel calls .item(): "
                              "torch's isclose in lowered ops, then one read of the bool"),
     "aten::_weight_norm_interface_backward": Policy(
         H.OWN_DECOMPOSITION, "no lowering and no meta kernel: eager CPU's formula in aten ops"),
-    # -- eager on CPU: torchax's lowering is wrong --------------------------------
-    "aten::embedding_bag": Policy(H.EAGER, f"{_WRONG}: it ignores per_sample_weights"),
-    "aten::_embedding_bag": Policy(H.EAGER, f"{_WRONG}: it ignores per_sample_weights"),
-    "aten::polygamma": Policy(H.EAGER, _WRONG),
-    "aten::cauchy": Policy(H.EAGER, f"{_WRONG}: it does nothing"),
-    "aten::exponential": Policy(H.EAGER, f"{_WRONG}: it does nothing"),
-    "aten::normal": Policy(H.EAGER, f"{_WRONG}: normal(mean, std) draws from the wrong distribution"),
-    "aten::_linalg_eigh": Policy(H.EAGER, f"{_WRONG}: UPLO ignored (xlakit.opinfo)"),
-    "aten::linalg_matrix_exp": Policy(H.EAGER, f"{_WRONG}: 0.07 off on 5x5 matrices (xlakit.opinfo)"),
-    "aten::linalg_pinv": Policy(H.EAGER, f"{_WRONG}: hermitian=True reads the whole matrix (xlakit.opinfo)"),
+    # -- eager on CPU ------------------------------------------------------------
     "aten::_embedding_bag_forward_only": Policy(
-        H.EAGER, "its lowering crashes, and eager CPU returns an empty offset2bag where the meta kernel says "
-                 "(n,): only a fallback at record time takes eager's shapes"),
+        H.EAGER, "eager CPU returns an empty offset2bag where the meta kernel says (n,): only a fallback at "
+                 "record time takes eager's shapes"),
     # -- random --------------------------------------------------------------------
     "aten::rand": _RANDOM, "aten::randn": _RANDOM, "aten::randint": _RANDOM, "aten::randperm": _RANDOM,
     "aten::rand_like": _RANDOM_LIKE, "aten::randn_like": _RANDOM_LIKE, "aten::randint_like": _RANDOM_LIKE,

@@ -10,7 +10,7 @@ import warnings
 
 import jax
 
-from . import amp, cache, device_module, functionalization, labels, lowering, modules
+from . import amp, cache, device_module, functionalization, labels, modules
 
 _LOCK = threading.Lock()
 _INSTALLED = False
@@ -24,7 +24,6 @@ def install() -> None:
     with _LOCK:
         if _INSTALLED:
             return
-        lowering.torchax()  # names torch's privateuse1 backend "jax" before anything else can
         jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaults to 32 bits
         cache.enable_persistent_cache(cache.default_cache_dir())
         # JAX warns when a donated buffer cannot be aliased to an output; the plan
