@@ -1,6 +1,6 @@
 """Run PyTorch's OpInfo sample inputs through xlakit and compare with eager.
 
-`python -m xlakit.opinfo [--ops N] [--out docs/op_coverage.md]` writes the
+`python -m xlakit.opinfo [--ops N] [--names a,b] [--out docs/op_coverage.md]` writes the
 coverage report; tests/test_opinfo.py runs a bounded subset in CI. An op is
 "pass" (every sample equals eager), "fallback" (it ran eagerly on CPU, so it is
 correct by construction), "error" (a clear exception) or "mismatch" (silently
@@ -199,9 +199,10 @@ def report(results: dict[str, tuple[str, str]]) -> str:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=None, help="only the first N ops")
+    parser.add_argument("--names", default=None, help="only these OpInfo names, comma-separated")
     parser.add_argument("--out", default="docs/op_coverage.md")
     args = parser.parse_args()
-    text = report(sweep(args.ops))
+    text = report(sweep(args.ops, args.names.split(",") if args.names else None))
     with open(args.out, "w") as f:
         f.write(text + "\n")
     print(text.splitlines()[2])
