@@ -12,7 +12,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "xlakit"
 # torch ops -> IR -> key -> cache -> executable -> StepRecord -> views).
 LAYERS = [
     {"version", "config", "ir", "transfer", "ops"},
-    {"record", "sources"},
+    {"record", "sources", "lowerings"},
     {"keys", "cache", "lowering"},
     {"stages", "eager"},
     {"engine"},
