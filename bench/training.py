@@ -20,6 +20,8 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import jax_models  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from timing import seconds_per_step  # noqa: E402
@@ -60,13 +62,13 @@ def torch_peer(model, x, y, device, after_step=lambda: None, wrap=lambda m: m):
 
 def jax_peer(model, x, y):
     """The same model and AdamW written directly in JAX (no framework at run time)."""
-    import torchax
-
-    params, forward = torchax.extract_jax(copy.deepcopy(model))
+    params, forward = jax_models.extract(model)
     xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
+    with torch.no_grad():  # the floor computes the same model
+        np.testing.assert_allclose(forward(params, xj), model(x).numpy(), rtol=1e-4, atol=1e-4)
 
     def loss(p, xj, yj):
-        return jnp.mean((forward(p, (xj,)) - yj) ** 2)
+        return jnp.mean((forward(p, xj) - yj) ** 2)
 
     @jax.jit
     def train_step(p, m, v, t, xj, yj):
@@ -128,7 +130,7 @@ def peers(model, x, y, quick, device):
     result = {"jax.jit (donating)": jax_peer(model, x, y)}
     try:
         result["torchax (JittableModule + optax)"] = torchax_peer(model, x, y)
-    except ImportError:  # optax: installed by requirements-test.txt
+    except ImportError:  # optax and torchax: bench peers in .venv only (torchax needs torch < 2.13)
         pass
     result["eager torch"] = (torch_peer(model, x, y, device), torch_wait)
     if not quick:

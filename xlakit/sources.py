@@ -24,7 +24,7 @@ _PACKAGE_DIRS = tuple({p + os.sep for p in (sysconfig.get_paths()["purelib"], sy
 _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 # Packages whose frames are the dispatch machinery between a library's line and
 # xlakit, never "the line that recorded an op".
-_MACHINERY = ("torch", "torchgen", "functorch", "torchax", "jax", "jaxlib", "typing_extensions")
+_MACHINERY = ("torch", "torchgen", "functorch", "jax", "jaxlib", "typing_extensions")
 
 USER, LIBRARY, MACHINERY = 0, 1, 2
 _KIND: dict[str, int] = {}
