@@ -2,7 +2,9 @@
 frontend and lowering implement exactly what it names."""
 import torch
 
-from xlakit import lowering, ops
+import torch._decomp
+
+from xlakit import lowering, lowerings, ops
 from xlakit.ops import Handling
 
 aten = torch.ops.aten
@@ -21,7 +23,7 @@ def test_every_entry_names_an_existing_op_and_overload():
         assert packet.overloads(), name
         if overload:
             assert overload in packet.overloads(), name
-        if policy.handling in (Handling.EAGER, Handling.OWN_LOWERING, Handling.OWN_DECOMPOSITION,
+        if policy.handling in (Handling.EAGER, Handling.OWN_DECOMPOSITION,
                                Handling.DECOMPOSED, Handling.RANDOM_LIKE, Handling.FRONTEND):
             assert policy.reason, name
 
@@ -35,9 +37,20 @@ def test_policy_of_overloads_and_defaults():
     assert ops.policy(aten.sin.default) is ops.policy(aten.sin.default)
 
 
+def test_every_lowering_names_an_existing_op_and_overload():
+    for name in lowerings.TABLE:
+        packet, overload = _resolve(name)
+        assert packet.overloads(), name
+        if overload:
+            assert overload in packet.overloads(), name
+
+
 def test_lowering_follows_the_table():
-    assert lowering.has_lowering(aten.addcmul.default)  # own lowering
-    assert not lowering.has_lowering(aten.embedding_bag.default)  # torchax's is wrong
-    assert not lowering.has_lowering(aten.rand.default)
-    assert lowering.decomposition(aten.native_layer_norm_backward.default) is not None
+    assert lowering.has_lowering(aten.addcmul.default)  # in xlakit's lowering table
+    assert not lowering.has_lowering(aten.rand.default)  # random: torch's generator draws
     assert lowering.decomposition(aten.sin.default) is None
+    # an op the lowering table lacks takes PyTorch's decomposition into Core ATen ops, if it has one
+    core = torch._decomp.core_aten_decompositions()
+    missing = [op for op in core if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
+               and ops.policy(op).handling is Handling.LOWERED and lowerings.find(op) is None]
+    assert missing and all(lowering.decomposition(op) is core[op] for op in missing)

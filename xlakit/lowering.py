@@ -101,13 +101,22 @@ _OWN_DECOMPOSITIONS = {
 def decomposition(op):
     """The function the frontend calls instead of recording `op` (the op
     table's policy says which), or None. An op the lowering table lacks takes
-    PyTorch's decomposition where there is one."""
+    PyTorch's decomposition into Core ATen ops where there is one."""
     handling = ops.policy(op).handling
     if handling is Handling.OWN_DECOMPOSITION:
         return _OWN_DECOMPOSITIONS[op_name(op)](op)
-    if handling is Handling.DECOMPOSED or (handling is Handling.LOWERED and lowerings.find(op) is None):
-        return torch._decomp.decomposition_table.get(op)
+    if handling is Handling.DECOMPOSED:
+        return torch._decomp.decomposition_table[op]
+    if handling is Handling.LOWERED and lowerings.find(op) is None:
+        return _core_aten_decompositions().get(op)
     return None
+
+
+@functools.cache
+def _core_aten_decompositions() -> dict:
+    """PyTorch's decompositions that end in Core ATen ops (its full table also
+    holds references that end in prims, which xlakit does not lower)."""
+    return torch._decomp.core_aten_decompositions()
 
 
 def op_name(op) -> str:
