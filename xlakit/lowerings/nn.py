@@ -557,3 +557,323 @@ def glu_backward(grad_output, self, dim):
     g = _acc(grad_output)
     s = jax.nn.sigmoid(b)
     return jnp.concatenate([g * s, g * a * s * (1 - s)], axis=dim)
+
+
+# -- interpolation --------------------------------------------------------------------
+# torch's CPU kernels (UpSample.h) compute source indices and weights from the
+# output index in float (double for double tensors): computed here the same way,
+# in numpy at trace time, then applied one dim at a time, innermost first.
+_CUBIC_A = -0.75
+
+
+def _scale(in_size, out_size, scale, align_corners, opmath):
+    """area_pixel_compute_scale / compute_scales_value."""
+    if align_corners:
+        return opmath((in_size - 1) / (out_size - 1)) if out_size > 1 else opmath(0)
+    if scale is not None and scale > 0:
+        return opmath(1.0 / scale)
+    return opmath(in_size) / opmath(out_size)
+
+
+def _taps(kind, in_size, out_size, scale, align_corners, opmath):
+    """(indices, weights): each (taps, out_size); weights None for nearest."""
+    i = np.arange(out_size)
+    if kind in ("nearest", "nearest-exact"):
+        if out_size == in_size:
+            return i[None], None
+        s = _scale(in_size, out_size, scale, False, np.float32)
+        if kind == "nearest":
+            src = np.floor(i.astype(np.float32) * s)
+        else:
+            src = np.floor(((i + 0.5) * np.float64(s)).astype(np.float32))
+        return np.minimum(src.astype(np.int64), in_size - 1)[None], None
+    s = _scale(in_size, out_size, scale, align_corners, opmath)
+    if align_corners:
+        real = s * i.astype(opmath)
+    else:
+        real = s * (i.astype(opmath) + opmath(0.5)) - opmath(0.5)
+    if kind == "linear":
+        if out_size == in_size:
+            return np.stack([i, i]), np.stack([np.ones(out_size, opmath), np.zeros(out_size, opmath)])
+        real = np.maximum(real, opmath(0))
+        i0 = np.minimum(real.astype(np.int64), in_size - 1)
+        lambda1 = np.clip(real - i0.astype(opmath), 0, 1).astype(opmath)
+        i1 = i0 + (i0 < in_size - 1)
+        return np.stack([i0, i1]), np.stack([opmath(1) - lambda1, lambda1])
+    # bicubic: 4 taps around floor(real), clamped at the borders
+    floor = np.floor(real)
+    t = (real - floor).astype(opmath)
+    a = opmath(_CUBIC_A)
+
+    def near(x):   # |x| <= 1
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x):    # 1 < |x| < 2
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = np.stack([far(t + 1), near(t), near(1 - t), far(2 - t)]).astype(opmath)
+    base = floor.astype(np.int64)
+    indices = np.stack([np.clip(base - 1 + j, 0, in_size - 1) for j in range(4)])
+    return indices, weights
+
+
+def _interpolate(x, nd, out_sizes, scales, kind, align_corners):
+    opmath = np.float64 if x.dtype == jnp.float64 else np.float32
+    x = _acc(x)
+    for i in reversed(range(nd)):
+        axis = x.ndim - nd + i
+        indices, weights = _taps(kind, x.shape[axis], int(out_sizes[i]), scales[i], align_corners, opmath)
+        if weights is None:
+            x = jnp.take(x, jnp.asarray(indices[0]), axis=axis)
+            continue
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        result = None
+        for idx, w in zip(indices, weights):
+            term = jnp.take(x, jnp.asarray(idx), axis=axis) * jnp.asarray(w, x.dtype).reshape(shape)
+            result = term if result is None else result + term
+        x = result
+    return x
+
+
+_SCALE_NAMES = {1: ("scales",), 2: ("scales_h", "scales_w"), 3: ("scales_d", "scales_h", "scales_w")}
+
+
+def _scales(nd, positional, named):
+    values = list(positional) + [None] * (nd - len(positional))
+    for j, name in enumerate(_SCALE_NAMES[nd]):
+        if name in named:
+            values[j] = named[name]
+    return values
+
+
+def _vec_sizes(x, nd, output_size, scale_factors):
+    """Output sizes and scales of a `.vec` overload: torch truncates size * scale."""
+    if output_size is not None:
+        return list(output_size), [None] * nd
+    factors = list(scale_factors)
+    if len(factors) == 1:
+        factors = factors * nd
+    return [int(n * s) for n, s in zip(x.shape[-nd:], factors)], factors
+
+
+def _register_interpolation(name, nd, kind, aligned: bool):
+    def forward(self, output_size, *rest, **named):
+        align_corners = False
+        if aligned:
+            align_corners, rest = (rest[0], rest[1:]) if rest else (named.pop("align_corners"), rest)
+        return _interpolate(self, nd, output_size, _scales(nd, rest, named), kind, align_corners)
+
+    def vec(input, output_size, *rest, **named):
+        align_corners = False
+        if aligned:
+            align_corners, rest = (rest[0], rest[1:]) if rest else (named.pop("align_corners"), rest)
+        factors = rest[0] if rest else named.get("scale_factors")
+        sizes, scales = _vec_sizes(input, nd, output_size, factors)
+        return _interpolate(input, nd, sizes, scales, kind, align_corners)
+
+    def backward(grad_output, output_size, input_size, *rest, **named):
+        align_corners = False
+        if aligned:
+            align_corners, rest = (rest[0], rest[1:]) if rest else (named.pop("align_corners"), rest)
+        scales = _scales(nd, rest, named)
+        zeros = jnp.zeros(tuple(input_size), _acc(grad_output).dtype)
+        _, vjp = jax.vjp(lambda x: _interpolate(x, nd, output_size, scales, kind, align_corners), zeros)
+        return vjp(_acc(grad_output))[0]
+
+    lowers(f"aten::{name}")(forward)
+    lowers(f"aten::{name}.vec")(vec)
+    lowers(f"aten::{name}_backward")(backward)
+
+
+for _nd in (1, 2, 3):
+    _register_interpolation(f"upsample_nearest{_nd}d", _nd, "nearest", False)
+    _register_interpolation(f"_upsample_nearest_exact{_nd}d", _nd, "nearest-exact", False)
+_register_interpolation("upsample_linear1d", 1, "linear", True)
+_register_interpolation("upsample_bilinear2d", 2, "linear", True)
+_register_interpolation("upsample_trilinear3d", 3, "linear", True)
+_register_interpolation("upsample_bicubic2d", 2, "cubic", True)
+
+
+# -- grid sampling --------------------------------------------------------------------
+# torch's GridSampler.h, per output point: unnormalize the grid coordinate,
+# apply the padding mode, then interpolate; taps outside the input read 0.
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
+_ZEROS, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def _reflect(coord, twice_low, twice_high):
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low, span = twice_low / 2, (twice_high - twice_low) / 2
+    coord = jnp.abs(coord - low)
+    extra = jnp.fmod(coord, span)
+    flips = jnp.floor(coord / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _padded_coordinate(coord, size, padding_mode, align_corners):
+    if padding_mode == _BORDER:
+        return jnp.clip(coord, 0, size - 1)
+    if padding_mode == _REFLECTION:
+        coord = (_reflect(coord, 0, 2 * (size - 1)) if align_corners
+                 else _reflect(coord, -1, 2 * size - 1))
+        return jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+def _unnormalize(coord, size, align_corners):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners):
+    nd = grid.shape[-1]
+    n, c = input.shape[:2]
+    sizes = input.shape[2:]
+    out_shape = grid.shape[1:-1]
+    x = _acc(input).reshape(n, c, -1)
+    g = _acc(grid).reshape(n, -1, nd)
+    # grid's last axis is (x, y[, z]): W first; sizes are (..., H, W)
+    coords = [_unnormalize(g[..., nd - 1 - i], sizes[i], align_corners) for i in range(nd)]
+
+    def read(points):
+        """input at integer points (one array per dim, (n, P)); 0 outside."""
+        valid = functools.reduce(jnp.logical_and, [(p >= 0) & (p < s) for p, s in zip(points, sizes)])
+        flat = _plane_positions([jnp.clip(p, 0, s - 1) for p, s in zip(points, sizes)], sizes)
+        values = jnp.take_along_axis(x, flat[:, None, :].astype(jnp.int64), axis=2)
+        return jnp.where(valid[:, None, :], values, 0)
+
+    if interpolation_mode == _BICUBIC:
+        base = [jnp.floor(co) for co in coords]
+        t = [co - b for co, b in zip(coords, base)]
+        a = _CUBIC_A
+        near = lambda v: ((a + 2) * v - (a + 3)) * v * v + 1          # noqa: E731
+        far = lambda v: ((a * v - 5 * a) * v + 8 * a) * v - 4 * a     # noqa: E731
+        w = [[far(tt + 1), near(tt), near(1 - tt), far(2 - tt)] for tt in t]
+        # rows (y) outer, columns (x) inner, as torch sums them
+        result = 0
+        for j in range(4):
+            row = 0
+            for i in range(4):
+                ys = _padded_coordinate(base[0] - 1 + j, sizes[0], padding_mode, align_corners)
+                xs = _padded_coordinate(base[1] - 1 + i, sizes[1], padding_mode, align_corners)
+                row = row + read([ys.astype(jnp.int64), xs.astype(jnp.int64)]) * w[1][i][:, None, :]
+            result = result + row * w[0][j][:, None, :]
+        return result.reshape(n, c, *out_shape)
+    coords = [_padded_coordinate(co, s, padding_mode, align_corners) for co, s in zip(coords, sizes)]
+    if interpolation_mode == _NEAREST:
+        # nearbyint: halves to even, as jnp.round does
+        return read([jnp.round(co).astype(jnp.int64) for co in coords]).reshape(n, c, *out_shape)
+    low = [jnp.floor(co) for co in coords]
+    result = 0
+    for corner in itertools.product((0, 1), repeat=nd):
+        weight = 1
+        for i in reversed(range(nd)):   # torch multiplies the x factor first
+            weight = weight * ((low[i] + 1 - coords[i]) if corner[i] == 0 else (coords[i] - low[i]))
+        points = [(low[i] + corner[i]).astype(jnp.int64) for i in range(nd)]
+        result = result + read(points) * weight[:, None, :]
+    return result.reshape(n, c, *out_shape)
+
+
+@lowers("aten::grid_sampler_2d", "aten::grid_sampler_3d")
+def grid_sampler(input, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers("aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward")
+def grid_sampler_backward(grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                          output_mask):
+    """JAX's vjp of the forward lowering."""
+    _, vjp = jax.vjp(lambda i, g: _grid_sample(i, g, interpolation_mode, padding_mode, align_corners),
+                     _acc(input), _acc(grid))
+    grad_input, grad_grid = vjp(_acc(grad_output))
+    return (grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None)
+
+
+# -- distances ------------------------------------------------------------------------
+def _p_norm(diff, p, axis):
+    a = jnp.abs(diff)
+    if p == 0:
+        return (a != 0).sum(axis=axis).astype(diff.dtype)
+    if p == float("inf"):
+        return a.max(axis=axis)
+    if p == 1:
+        return a.sum(axis=axis)
+    if p == 2:
+        return jnp.sqrt(jnp.square(a).sum(axis=axis))
+    return (a ** p).sum(axis=axis) ** (1.0 / p)
+
+
+@lowers("aten::_cdist_forward")
+def _cdist_forward(x1, x2, p, compute_mode):
+    """Distances between the rows of x1 (.., P, M) and x2 (.., R, M): (.., P, R)."""
+    a, b = _acc(x1), _acc(x2)
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    if a.shape[-1] == 0:
+        return jnp.zeros(batch + (a.shape[-2], b.shape[-2]), a.dtype)
+    return _p_norm(a[..., :, None, :] - b[..., None, :, :], p, -1)
+
+
+@lowers("aten::_pdist_forward")
+def _pdist_forward(self, p=2.0):
+    """Distances between each pair of rows i < j, in row-major order of (i, j)."""
+    x = _acc(self)
+    i, j = np.triu_indices(x.shape[0], 1)
+    if x.shape[1] == 0:
+        return jnp.zeros(len(i), x.dtype)
+    return _p_norm(x[i] - x[j], p, -1)
+
+
+# -- elementwise losses and activations with their own kernels ------------------------
+@lowers("aten::_prelu_kernel")
+def _prelu_kernel(self, weight):
+    return jnp.where(self > 0, self, weight * self)
+
+
+@lowers("aten::_prelu_kernel_backward")
+def _prelu_kernel_backward(grad_output, self, weight):
+    positive = self > 0
+    return (jnp.where(positive, grad_output, weight * grad_output),
+            jnp.where(positive, 0, self * grad_output))
+
+
+def _smooth_l1(diff, beta):
+    a = jnp.abs(diff)
+    if beta == 0:
+        return a
+    return jnp.where(a < beta, 0.5 * diff * diff / beta, a - 0.5 * beta)
+
+
+@lowers("aten::smooth_l1_loss")
+def smooth_l1_loss(self, target, reduction=_MEAN, beta=1.0):
+    return _reduce(_smooth_l1(_acc(self) - _acc(target), beta), reduction)
+
+
+@lowers("aten::smooth_l1_loss_backward")
+def smooth_l1_loss_backward(grad_output, self, target, reduction, beta):
+    diff = _acc(self) - _acc(target)
+    norm = 1.0 / math.prod(self.shape) if reduction == _MEAN else 1.0
+    if beta == 0:
+        grad = jnp.sign(diff)
+    else:
+        grad = jnp.where(diff < -beta, -1.0, jnp.where(diff > beta, 1.0, diff / beta))
+    return jnp.broadcast_to(norm * grad * _acc(grad_output), self.shape)
+
+
+@lowers("aten::huber_loss")
+def huber_loss(self, target, reduction=_MEAN, delta=1.0):
+    diff = _acc(self) - _acc(target)
+    a = jnp.abs(diff)
+    return _reduce(jnp.where(a < delta, 0.5 * diff * diff, delta * (a - 0.5 * delta)), reduction)
+
+
+@lowers("aten::huber_loss_backward")
+def huber_loss_backward(grad_output, self, target, reduction, delta):
+    diff = _acc(self) - _acc(target)
+    norm = 1.0 / math.prod(self.shape) if reduction == _MEAN else 1.0
+    grad = jnp.where(diff < -delta, -delta, jnp.where(diff > delta, delta, diff))
+    return jnp.broadcast_to(norm * grad * _acc(grad_output), self.shape)
