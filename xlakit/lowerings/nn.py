@@ -366,6 +366,41 @@ for _nd in (2, 3):
     lowers(f"aten::adaptive_max_pool{_nd}d_backward")(_adaptive_max_pool_backward(_nd))
 
 
+def _im2col(x, kernel_size, dilation, padding, stride):
+    kernel, dilation = _ntuple(kernel_size, 2), _ntuple(dilation, 2)
+    padding, stride = _ntuple(padding, 2), _ntuple(stride, 2)
+    x, added = _batched(x, 2)
+    n, c, h, w = x.shape
+    outs = [(size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, k, d, p, s in zip((h, w), kernel, dilation, padding, stride)]
+    padded = jnp.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in padding])
+    blocks = []
+    for i, j in itertools.product(range(kernel[0]), range(kernel[1])):
+        start = (i * dilation[0], j * dilation[1])
+        limit = tuple(st + (o - 1) * s + 1 for st, o, s in zip(start, outs, stride))
+        blocks.append(lax.slice(padded, (0, 0) + start, (n, c) + limit, (1, 1) + stride))
+    # rows ordered (channel, kernel row, kernel column), as torch's unfold
+    cols = jnp.stack(blocks, axis=2).reshape(n, c * kernel[0] * kernel[1], outs[0] * outs[1])
+    return cols[0] if added else cols
+
+
+@lowers("aten::im2col")
+def im2col(self, kernel_size, dilation, padding, stride):
+    return _im2col(self, kernel_size, dilation, padding, stride)
+
+
+@lowers("aten::col2im")
+def col2im(self, output_size, kernel_size, dilation, padding, stride):
+    """The adjoint of im2col: each column entry added back to its input position."""
+    kernel = _ntuple(kernel_size, 2)
+    batched = self.ndim == 3
+    channels = self.shape[-2] // (kernel[0] * kernel[1])
+    shape = ((self.shape[0],) if batched else ()) + (channels, *_ntuple(output_size, 2))
+    zeros = jnp.zeros(shape, _acc(self).dtype)
+    _, vjp = jax.vjp(lambda x: _im2col(x, kernel_size, dilation, padding, stride), zeros)
+    return vjp(_acc(self))[0]
+
+
 # -- softmax --------------------------------------------------------------------------
 def _shifted(x, dim):
     """x - max(x, dim) (0-d: x - x), in the accumulation dtype."""
