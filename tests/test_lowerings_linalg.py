@@ -46,18 +46,18 @@ CASES = {
                                              torch.addr(s2, v4, v5, beta=0, alpha=3), torch.addbmm(s2, a, b, beta=0)),
         lambda: (torch.full((2, 4, 5), NAN), torch.full((4, 5), NAN), torch.full((4,), NAN),
                  torch.randn(2, 4, 3), torch.randn(2, 3, 5), torch.randn(4, 5), torch.randn(4), torch.randn(5))),
-    "matmul_dtypes": (lambda a, b, a64, b64, ai, bi, ac, bc, u, v: (
+    "matmul_dtypes": (lambda a, b, a64, b64, ai, bi, ac, bc, u, v, uc, vc: (
         torch.mm(a, b), torch.mm(a64, b64), torch.mm(ai, bi), torch.bmm(ac, bc), torch.mv(a, u),
-        torch.dot(u, v), torch.vdot(ac[0, 0], bc[0, :, 0])),
+        torch.dot(u, v), torch.vdot(uc, vc), torch.dot(uc, vc)),
         lambda: (torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 4, dtype=torch.float64),
                  torch.randn(4, 5, dtype=torch.float64), torch.randint(-99, 99, (3, 4)), torch.randint(-99, 99, (4, 5)),
                  torch.randn(2, 3, 4, dtype=torch.cfloat), torch.randn(2, 4, 5, dtype=torch.cfloat),
-                 torch.randn(4), torch.randn(4))),
+                 torch.randn(4), torch.randn(4), torch.randn(6, dtype=torch.cdouble), torch.randn(6, dtype=torch.cdouble))),
     # batched solves: matrix and vector right-hand sides, broadcast batches, left=False; info 0
     "solve_ex": (lambda a, b, v, bt: (*torch.linalg.solve_ex(a, b), *torch.linalg.solve_ex(a, v),
                                       *torch.linalg.solve_ex(a, bt, left=False)),
                  lambda: (torch.randn(2, 4, 4, dtype=torch.float64), torch.randn(3, 1, 4, 2, dtype=torch.float64),
-                          torch.randn(4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64))),
+                          torch.randn(4, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64))),
     # a singular member (exactly: a zero row, so no rounding can hide it): info as
     # LAPACK's getrf gives it (the first zero pivot, 1-based)
     "inv_ex": (lambda a, ok: (*torch.linalg.inv_ex(ok), torch.linalg.inv_ex(a).info, *torch.linalg.lu_factor_ex(a)),
@@ -116,5 +116,5 @@ def test_errors_are_eagers(dev):
     with pytest.raises(torch.linalg.LinAlgError):
         torch.linalg.inv(torch.zeros(2, 3, 3).to(dev)).cpu()
     with pytest.raises(torch.linalg.LinAlgError):
-        torch.linalg.cholesky(-torch.eye(3).to(dev)).cpu()
+        torch.linalg.cholesky((-torch.eye(3)).to(dev)).cpu()
     xlakit.mark_step()
