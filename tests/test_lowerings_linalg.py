@@ -52,7 +52,8 @@ CASES = {
         lambda: (torch.randn(3, 4), torch.randn(4, 5), torch.randn(3, 4, dtype=torch.float64),
                  torch.randn(4, 5, dtype=torch.float64), torch.randint(-99, 99, (3, 4)), torch.randint(-99, 99, (4, 5)),
                  torch.randn(2, 3, 4, dtype=torch.cfloat), torch.randn(2, 4, 5, dtype=torch.cfloat),
-                 torch.randn(4), torch.randn(4), torch.randn(6, dtype=torch.cdouble), torch.randn(6, dtype=torch.cdouble))),
+                 torch.randn(4), torch.randn(4), torch.randn(6, dtype=torch.cdouble),
+                 torch.randn(6, dtype=torch.cdouble))),
     # batched solves: matrix and vector right-hand sides, broadcast batches, left=False; info 0
     "solve_ex": (lambda a, b, v, bt: (*torch.linalg.solve_ex(a, b), *torch.linalg.solve_ex(a, v),
                                       *torch.linalg.solve_ex(a, bt, left=False)),

@@ -6,15 +6,24 @@ applies; float64 and complex128 products ask for HIGHEST (eager computes them
 in full precision whatever that setting says); float16 / bfloat16 accumulate
 in float32 as eager CPU does.
 
-Factorizations use jax.lax.linalg (LAPACK's own routines on CPU). Errors:
-eager raises for singular / non-positive-definite input through
+Factorizations use jax.lax.linalg (LAPACK's routines on CPU). Errors: eager
+raises for singular / non-positive-definite input through
 `_linalg_check_errors(info)`, which has no lowering on purpose: it runs
 eagerly, reads `info` (a sync) and raises torch's own error. So every `_ex`
 op here returns `info` as LAPACK computes it (0 when fine), and raises
 NeedsEager for `check_errors=True`, where the op itself would raise. Ops
-whose kernels raise without an `info` output (cholesky, cholesky_inverse on a
-zero diagonal, lstsq, ldl) have no lowering: eager computes them, so they
-raise where eager does.
+whose kernels raise without an `info` output have no lowering, so eager
+computes them and raises where it should: cholesky, cholesky_inverse (a zero
+diagonal). Nor do linalg_lstsq and linalg_ldl_factor_ex / ldl_solve (LAPACK's
+gelsy / sytrf, which XLA lacks; a hand-written Bunch-Kaufman would not give
+eager's pivots) or geqrf (no meta kernel: it never reaches a graph).
+
+Where eager's answer is one of several, XLA's LAPACK may pick another: signs
+(phases) of singular vectors and eigenvectors (svd, eigh). On an exactly
+singular matrix whose zero pivot comes from rounding (not a zero row or
+column), MKL's fused multiply-adds may leave a tiny pivot where XLA's LAPACK
+leaves 0 or the reverse, so info (and whether linalg.inv raises) can differ,
+as any rounding does.
 
 One divergence, on non-finite input only: eager's svd, eigh and eig raise
 ("failed to converge", "should not contain infs or NaNs"); the lowerings here
@@ -209,6 +218,8 @@ def _cholesky_lower(h):
 def linalg_cholesky_ex(self, *, upper=False, check_errors=False):
     _lapack(self)
     _no_error_check(check_errors)
+    if self.shape[-1] == 0:
+        return self, jnp.zeros(self.shape[:-2], jnp.int32)
     factor, info = _cholesky_lower(_hermitian(self, lower=not upper))
     return (_mH(factor) if upper else factor), info
 
@@ -429,9 +440,10 @@ def linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
         s = jnp.zeros(batch + (0,), jnp.finfo(A.dtype).dtype)
         if not compute_uv:
             return _empty(A.dtype), s, _empty(A.dtype)
-        u = jnp.broadcast_to(jnp.eye(m, dtype=A.dtype), batch + (m, m)) if full_matrices else jnp.zeros(batch + (m, 0), A.dtype)
-        vh = jnp.broadcast_to(jnp.eye(n, dtype=A.dtype), batch + (n, n)) if full_matrices else jnp.zeros(batch + (0, n), A.dtype)
-        return u, s, vh
+        if not full_matrices:
+            return jnp.zeros(batch + (m, 0), A.dtype), s, jnp.zeros(batch + (0, n), A.dtype)
+        return (jnp.broadcast_to(jnp.eye(m, dtype=A.dtype), batch + (m, m)), s,
+                jnp.broadcast_to(jnp.eye(n, dtype=A.dtype), batch + (n, n)))
     if not compute_uv:
         return _empty(A.dtype), jnp.linalg.svd(A, compute_uv=False), _empty(A.dtype)
     u, s, vh = jnp.linalg.svd(A, full_matrices=full_matrices)
@@ -520,6 +532,11 @@ def ormqr(self, input2, input3, left=True, transpose=False):
     return lax.linalg.ormqr(self, input2, input3, left=left, transpose=transpose)
 
 
+@lowers("aten::trace")
+def trace(self):
+    return jnp.trace(self)
+
+
 @lowers("aten::linalg_cross")
 def linalg_cross(self, other, *, dim=-1):
     shape = jnp.broadcast_shapes(self.shape, other.shape)
@@ -539,6 +556,17 @@ def _normalize(x, normalization, n):
     return x * jnp.asarray(scale, x.real.dtype)
 
 
+def _fft_args(x, dim, *sizes):
+    """dim wrapped; empty tensors are left to eager."""
+    _lapack(x)  # eager CPU's FFTs take the same four dtypes (half precision raises)
+    dims = [d % x.ndim for d in dim]
+    if x.size == 0 or 0 in sizes:
+        raise NeedsEager("an empty FFT: eager raises for some, returns empty for others")
+    if sizes and not dims:
+        raise NeedsEager("a real FFT over no dimension")
+    return dims
+
+
 def _c2c(x, dims, forward):
     """Unnormalized complex FFT over dims, at most three at a time (XLA's limit)."""
     dims = list(dims)
@@ -551,8 +579,7 @@ def _c2c(x, dims, forward):
 
 @lowers("aten::_fft_r2c")
 def fft_r2c(self, dim, normalization, onesided):
-    _lapack(self)  # eager CPU's FFTs take the same four dtypes (half precision raises)
-    dims = [d % self.ndim for d in dim]
+    dims = _fft_args(self, dim, *([1] if onesided else []))
     n = math.prod(self.shape[d] for d in dims)
     if not onesided:
         out = _c2c(self.astype(jnp.result_type(self.dtype, jnp.complex64)), dims, True)
@@ -563,8 +590,7 @@ def fft_r2c(self, dim, normalization, onesided):
 
 @lowers("aten::_fft_c2r")
 def fft_c2r(self, dim, normalization, last_dim_size):
-    _lapack(self)  # eager CPU's FFTs take the same four dtypes (half precision raises)
-    dims = [d % self.ndim for d in dim]
+    dims = _fft_args(self, dim, last_dim_size)
     x = _c2c(self, dims[:-1], False)
     out = jnp.fft.irfft(x, n=last_dim_size, axis=dims[-1], norm="forward")
     n = math.prod(out.shape[d] for d in dims)
@@ -573,7 +599,6 @@ def fft_c2r(self, dim, normalization, last_dim_size):
 
 @lowers("aten::_fft_c2c")
 def fft_c2c(self, dim, normalization, forward):
-    _lapack(self)  # eager CPU's FFTs take the same four dtypes (half precision raises)
-    dims = [d % self.ndim for d in dim]
+    dims = _fft_args(self, dim)
     n = math.prod(self.shape[d] for d in dims)
     return _normalize(_c2c(self, dims, forward), normalization, n)
