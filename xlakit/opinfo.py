@@ -66,6 +66,20 @@ def _align_singular_vectors(got, want, v_layout: str):
     return u * sign.unsqueeze(-2), s, v
 
 
+# Eigenvectors of a Hermitian matrix are unique up to sign (phase), as singular
+# vectors are: compared after giving each column eager's phase.
+_EIGH_LIKE = {"linalg.eigh"}
+
+
+def _align_eigenvectors(got, want):
+    values, vectors = (t.cpu() for t in got)
+    if vectors.shape != want[1].shape:
+        return got
+    phase = (vectors.conj() * want[1]).sum(-2)
+    phase = torch.where(phase == 0, torch.ones_like(phase), phase / phase.abs())
+    return values, vectors * phase.unsqueeze(-2)
+
+
 def _random_mask(name, inp, args, kwargs, got) -> str | None:
     """Why a dropout result may differ from eager's, if it is a valid draw."""
     if name == "nn.functional.dropout":
@@ -143,6 +157,9 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
         if not _close(got, want) and name in _SVD_LIKE:
             got = _align_singular_vectors(got, want, _SVD_LIKE[name])
             aligned = True
+        if not _close(got, want) and name in _EIGH_LIKE:
+            got = _align_eigenvectors(got, want)
+            aligned = True
         if not _close(got, want) and name in _DROPOUT:
             note = _random_mask(name, inp, args, kwargs, got)
             if note is not None:
@@ -152,7 +169,8 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
             return "mismatch", f"sample {inp.shape if isinstance(inp, torch.Tensor) else ''}"
     notes = [note for note, applies in (
         ("ran eagerly on CPU, in whole or in part", fell_back),
-        ("equal once each singular pair takes eager's sign (the sign is arbitrary)", aligned),
+        ("equal once each singular pair takes eager's sign (the sign is arbitrary)", aligned and name in _SVD_LIKE),
+        ("equal once each eigenvector takes eager's sign (the sign is arbitrary)", aligned and name in _EIGH_LIKE),
         ("equal on a contiguous input (lazy tensors share no storage with a base)", name in _STORAGE_OPS),
     ) if applies] + sorted(random_notes)
     return ("fallback" if fell_back else "pass"), "; ".join(notes)
