@@ -81,6 +81,8 @@ TABLE: dict[str, Policy] = {
     "aten::_weight_norm_interface_backward": Policy(
         H.OWN_DECOMPOSITION, "no lowering and no meta kernel: eager CPU's formula in aten ops"),
     # -- eager on CPU ------------------------------------------------------------
+    "aten::_linalg_check_errors": Policy(H.EAGER, "reads LAPACK's info and raises torch's own error (linalg.inv, "
+                                         "cholesky, solve): a read of the value, as in eager"),
     "aten::_embedding_bag_forward_only": Policy(
         H.EAGER, "eager CPU returns an empty offset2bag where the meta kernel says (n,): only a fallback at "
                  "record time takes eager's shapes"),
