@@ -85,6 +85,15 @@ def _comparable(x):
     return x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
 
 
+def _eager_refuses(x, op: str, *, complex_=True, bool_=False, integer=False):
+    """The meta kernels accept dtypes that eager CPU's kernels refuse (complex
+    max, bool argmax, integer var, ...): such a call goes to eager, which raises."""
+    refused = ((complex_ and jnp.iscomplexobj(x)) or (bool_ and x.dtype == jnp.bool_)
+               or (integer and _is_integral(x.dtype)))
+    if refused:
+        raise NeedsEager(f"{op} of {x.dtype}: eager CPU refuses it")
+
+
 def _nonempty(x, axis, op: str):
     """Eager refuses to reduce a zero-size dimension where the meta kernel does not."""
     if (x.size if axis is None else x.shape[axis]) == 0:
@@ -108,6 +117,7 @@ def sum_(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowers("aten::nansum")
 def nansum(self, dim=None, keepdim=False, *, dtype=None):
+    _eager_refuses(self, "nansum")
     x = _accumulating(self, dtype)
     if not _is_integral(x.dtype):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
@@ -129,6 +139,7 @@ def prod(self, dim=None, keepdim=False, *, dtype=None):
 
 @lowers("aten::trace")
 def trace(self):
+    _eager_refuses(self, "trace", complex_=False, bool_=True)
     return jnp.trace(_accumulating(self, None))
 
 
@@ -154,16 +165,19 @@ def all_(self, dim=None, keepdim=False):
 # -- max and min ---------------------------------------------------------------------
 @lowers("aten::amax")
 def amax(self, dim=(), keepdim=False):
+    _eager_refuses(self, "amax")
     return self.max(axis=_axes(self, dim), keepdims=keepdim)  # NaN propagates
 
 
 @lowers("aten::amin")
 def amin(self, dim=(), keepdim=False):
+    _eager_refuses(self, "amin")
     return self.min(axis=_axes(self, dim), keepdims=keepdim)
 
 
 @lowers("aten::aminmax")
 def aminmax(self, *, dim=None, keepdim=False):
+    _eager_refuses(self, "aminmax")
     axes = _axes(self, dim)
     return self.min(axis=axes, keepdims=keepdim), self.max(axis=axes, keepdims=keepdim)
 
@@ -176,10 +190,12 @@ def _arg_extreme(x, axis, largest: bool):
 
 def _max_or_min(largest: bool):
     def full(self):
+        _eager_refuses(self, "max" if largest else "min")
         _nonempty(self, None, "max" if largest else "min")
         return self.max() if largest else self.min()
 
     def along(self, dim, keepdim=False):
+        _eager_refuses(self, "max" if largest else "min")
         axis = _axis(self, dim)
         if axis is None:
             return self, jnp.zeros((), jnp.int64)
@@ -197,6 +213,7 @@ lowers("aten::min.dim")(_max_or_min(False)[1])
 
 def _argmax_or_argmin(largest: bool):
     def lowering(self, dim=None, keepdim=False):
+        _eager_refuses(self, "argmax" if largest else "argmin", bool_=True)
         if dim is None:
             index = _arg_extreme(self.reshape(-1), 0, largest)
             return index.reshape((1,) * self.ndim) if keepdim else index
@@ -213,6 +230,7 @@ lowers("aten::argmin")(_argmax_or_argmin(False))
 
 # -- variance, log-sum-exp, norms --------------------------------------------------------
 def _var_and_mean(x, dim, correction, keepdim):
+    _eager_refuses(x, "var", complex_=False, bool_=True, integer=True)
     axes = _axes(x, dim)
     n = _count(x, axes)
     xa = _acc(x)
@@ -251,6 +269,9 @@ def std_mean(self, dim=None, *, correction=None, keepdim=False):
 
 @lowers("aten::logsumexp")
 def logsumexp(self, dim, keepdim=False):
+    _eager_refuses(self, "logsumexp")  # eager's complex logsumexp: not lowered
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:
+        raise NeedsEager("logsumexp over no dims: eager raises")
     if _is_integral(self.dtype):
         self = self.astype(jax_dtype(torch.get_default_dtype()))
     x = _acc(self)
@@ -303,7 +324,10 @@ def histc(self, bins=100, min=0, max=0):
     lo, hi = jnp.where(same, lo - 1, lo).astype(dtype), jnp.where(same, hi + 1, hi).astype(dtype)
     flat = self.reshape(-1)
     inside = (flat >= lo) & (flat <= hi) & jnp.isfinite(lo) & jnp.isfinite(hi)
-    position = ((flat - lo) * dtype.type(bins) / (hi - lo))
+    # XLA turns a division by a scalar into a product with its reciprocal,
+    # which moves elements near a bin's edge; eager divides
+    span = lax.optimization_barrier(jnp.broadcast_to(hi - lo, flat.shape))
+    position = (flat - lo) * dtype.type(bins) / span
     position = jnp.where(inside, position, 0).astype(jnp.int64)
     position = jnp.minimum(position, bins - 1)
     return jnp.zeros((bins,), dtype).at[position].add(inside.astype(dtype))
@@ -326,8 +350,7 @@ def cumprod(self, dim, *, dtype=None):
 
 @lowers("aten::logcumsumexp")
 def logcumsumexp(self, dim):
-    if jnp.iscomplexobj(self):
-        raise NeedsEager("logcumsumexp of complex numbers")
+    _eager_refuses(self, "logcumsumexp", bool_=True, integer=True)  # complex: not lowered
     axis = _axis(self, dim)
     x = _acc(self)
     return x if axis is None or x.shape[axis] == 0 else lax.cumlogsumexp(x, axis=axis)
@@ -339,6 +362,7 @@ def _cumulative_extreme(largest: bool):
     small): eager takes the last of equal values and of NaNs. The order
     (NaN above all, then value, then index) is total, so the scan is associative."""
     def lowering(self, dim):
+        _eager_refuses(self, "cummax" if largest else "cummin")
         axis = _axis(self, dim)
         if axis is None:
             return self, jnp.zeros((), jnp.int64)
@@ -368,8 +392,6 @@ def _sorted(x, axis: int, descending: bool = False):
     equal values in input order (stable). Descending: the stable ascending
     sort of the reversed input, reversed back, keeps equal values in input
     order too and needs no negation (which integers' minimum would overflow)."""
-    if jnp.iscomplexobj(x):
-        raise NeedsEager("sort of complex numbers")
     n = x.shape[axis]
     if descending:
         x = jnp.flip(x, axis)
@@ -383,6 +405,7 @@ def _sorted(x, axis: int, descending: bool = False):
 
 @lowers("aten::sort.default", "aten::sort.stable")
 def sort(self, dim=-1, descending=False, *, stable=None):
+    _eager_refuses(self, "sort")
     axis = _axis(self, dim)
     if axis is None:
         return self, jnp.zeros((), jnp.int64)
@@ -396,6 +419,7 @@ def argsort(self, *, stable, dim=-1, descending=False):
 
 @lowers("aten::topk")
 def topk(self, k, dim=-1, largest=True, sorted=True):
+    _eager_refuses(self, "topk", bool_=True)
     axis = _axis(self, dim)
     if axis is None:
         return self, jnp.zeros((), jnp.int64)
@@ -406,6 +430,7 @@ def topk(self, k, dim=-1, largest=True, sorted=True):
 
 @lowers("aten::kthvalue")
 def kthvalue(self, k, dim=-1, keepdim=False):
+    _eager_refuses(self, "kthvalue", bool_=True)
     axis = _axis(self, dim)
     if axis is None:
         return self, jnp.zeros((), jnp.int64)
@@ -439,6 +464,7 @@ def _median_along(x, axis: int, ignore_nan: bool):
 
 def _median(ignore_nan: bool):
     def full(self):
+        _eager_refuses(self, "median", bool_=True)
         if self.size == 0:
             if not _is_float(self.dtype):
                 raise NeedsEager("median of an empty integer tensor")
@@ -446,6 +472,7 @@ def _median(ignore_nan: bool):
         return _median_along(self.reshape(-1), 0, ignore_nan)[0]
 
     def along(self, dim, keepdim=False):
+        _eager_refuses(self, "median", bool_=True)
         axis = _axis(self, dim)
         if axis is None:
             return self, jnp.zeros((), jnp.int64)
@@ -489,6 +516,7 @@ def _insertion_sorted(values, indices):
 
 @lowers("aten::mode")
 def mode(self, dim=-1, keepdim=False):
+    _eager_refuses(self, "mode")
     axis = _axis(self, dim)
     if axis is None:
         return self, jnp.zeros((), jnp.int64)
