@@ -7,16 +7,18 @@ Eager CPU's rules these entries keep:
   dim 0 or -1 as itself;
 - integer and bool inputs sum, multiply and accumulate in int64 (unless a
   `dtype` is given); float16 and bfloat16 accumulate in float32, as torch's
-  CPU kernels do, and round once at the end (the caller casts);
+  CPU sums do, and round once at the end (the caller casts). Where eager
+  rounds each step to the half type (prod, logsumexp), the result may differ
+  from eager's in the last place (it is the better rounded);
 - NaN propagates through max, min, amax, amin, aminmax and cummax/cummin, and
   argmax/argmin and the indices of max/min pick the first NaN; otherwise the
   first of equal values, except cummax/cummin, which take the last;
-- sort orders NaN above +inf, and keeps equal values in their input order
-  (eager CPU's sort does so whether or not `stable` is asked for); topk,
-  kthvalue, median and nanmedian take the same order. Which of several equal
-  values' indices these return is left open by torch ("not guaranteed to be
-  stable", "not necessarily the first occurrence"): here, that of the
-  stable order; the values are always eager's;
+- sort orders NaN above +inf, and keeps equal values in their input order;
+  topk, kthvalue, median and nanmedian take the same order. Where torch
+  leaves the order of equal values open (sort without stable=True: eager
+  CPU's keeps input order up to 16 values, not beyond; topk's "not guaranteed
+  to be stable"; median's "not necessarily the first occurrence"), the
+  indices are those of the stable order, and the values are always eager's;
 - a reduction over a zero-size dimension that eager refuses but whose meta
   kernel accepts (max, min, median, mode) raises NeedsEager, so eager raises.
 """
