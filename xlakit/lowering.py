@@ -107,15 +107,16 @@ def decomposition(op):
         return _OWN_DECOMPOSITIONS[op_name(op)](op)
     if handling is Handling.DECOMPOSED:
         return torch._decomp.decomposition_table[op]
-    if handling is Handling.LOWERED and lowerings.find(op) is None:
-        return _core_aten_decompositions().get(op)
+    if handling is Handling.LOWERED and lowerings.find(op) is None and op in _core_aten_decompositions():
+        return _core_aten_decompositions()[op]
     return None
 
 
 @functools.cache
-def _core_aten_decompositions() -> dict:
+def _core_aten_decompositions():
     """PyTorch's decompositions that end in Core ATen ops (its full table also
-    holds references that end in prims, which xlakit does not lower)."""
+    holds references that end in prims, which xlakit does not lower). A lazy
+    table: its `get` does not load entries, `[]` does."""
     return torch._decomp.core_aten_decompositions()
 
 
