@@ -341,19 +341,19 @@ def embedding_renorm(self, indices, max_norm, norm_type):
 def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
     """The gradient rows summed into each index's row; an index equal to
     padding_idx contributes nothing; scale_grad_by_freq divides each
-    contribution by how often its index occurs. Summed in float32 for
-    half-precision gradients (as torch's decomposition)."""
-    out_dtype = grad_output.dtype
-    compute = jnp.float32 if out_dtype in (jnp.float16, jnp.bfloat16) else out_dtype
+    contribution by how often its index occurs. Summed in the gradient's
+    dtype, in index order, as eager CPU adds them (bfloat16 sums round at
+    each step there too)."""
+    dtype = grad_output.dtype
     flat = indices.reshape(-1)
-    grad = grad_output.reshape((flat.size,) + grad_output.shape[indices.ndim:]).astype(compute)
+    grad = grad_output.reshape((flat.size,) + grad_output.shape[indices.ndim:])
+    rows = (-1,) + (1,) * (grad.ndim - 1)
     if scale_grad_by_freq:
         counts = jnp.zeros((num_weights,), jnp.int64).at[flat].add(1)
-        grad = grad / counts[flat].astype(compute).reshape((-1,) + (1,) * (grad.ndim - 1))
-    keep = (flat != padding_idx).reshape((-1,) + (1,) * (grad.ndim - 1))
-    grad = jnp.where(keep, grad, jnp.zeros((), compute))
-    weight = jnp.zeros((num_weights,) + grad.shape[1:], compute)
-    return weight.at[flat].add(grad).astype(out_dtype)
+        wide = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+        grad = (grad.astype(wide) / counts[flat].astype(wide).reshape(rows)).astype(dtype)
+    grad = jnp.where((flat != padding_idx).reshape(rows), grad, jnp.zeros((), dtype))
+    return jnp.zeros((num_weights,) + grad.shape[1:], dtype).at[flat].add(grad)
 
 
 # -- searches -------------------------------------------------------------------------------
