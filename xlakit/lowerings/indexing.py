@@ -192,7 +192,7 @@ def gather(self, dim, index, *, sparse_grad=False):
         return _as_1d(self)[_as_1d(index)].reshape(index.shape)
     dim %= self.ndim
     source = self[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index.shape))]
-    return source[_scatter_coords(index, dim)]
+    return jnp.take_along_axis(source, index, axis=dim, mode="promise_in_bounds")
 
 
 def _scatter(self, dim, index, src, reduce):
