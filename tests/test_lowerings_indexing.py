@@ -75,6 +75,7 @@ def _mask_write(x):
 
 torch.manual_seed(0)
 X4 = randn(3, 4, 5, 6)
+NAN = torch.tensor([float("nan")])
 I21, J3 = long(-1, 2).reshape(2, 1), long(0, -6, 3)
 
 CASES = {
@@ -158,7 +159,11 @@ CASES = {
     "isin": (lambda e, t: torch.isin(e, t), torch.tensor([0.0, -0.0, 1.0, float("nan"), 2.0]),
              torch.tensor([-0.0, float("nan"), 2.0])),
     "isin invert int": (lambda e, t: torch.isin(e, t, invert=True), torch.arange(12).reshape(3, 4), long(3, 5, 3)),
-    "isin sorted path": (lambda e, t: torch.isin(e, t), torch.randint(0, 5000, (3000,)), torch.randint(0, 5000, (2000,))),
+    "isin sorted path": (lambda e, t: torch.isin(e, t), torch.randint(0, 5000, (3000,)),
+                         torch.randint(0, 5000, (2000,))),
+    # rounding makes both +0.0 and -0.0 (equal); more than 2**22 pairs: sort and search
+    "isin sorted path floats": (lambda e, t: torch.isin(e, t), torch.cat([(randn(6000) * 3).round(), NAN]),
+                                torch.cat([(randn(2000) * 9).round()[randn(2000) > 0], NAN])),
     "isin scalar": (lambda e: torch.isin(e, 2.5), torch.tensor([2, 3])),
 }
 

@@ -3,11 +3,14 @@ index_put, masked ops, embedding and its backward, searchsorted, isin.
 
 Index semantics are eager torch's for in-range indices: negative indices wrap
 where torch wraps them (index, index_put, index_fill, take, put: jnp's
-indexing normalizes negative indices as NumPy does) and nowhere else (gather,
-scatter, index_select/add/copy/reduce, embedding raise in eager torch). An
-out-of-range index is not detected here: XLA clamps (reads) or drops (writes)
-it where eager torch raises. A write of several values to one place keeps one
-of them, as torch's does; an accumulating write sums them all.
+indexing normalizes negative indices as NumPy does). Where eager torch raises
+on a negative index (gather, scatter, index_select/add/copy/reduce,
+embedding) it is out of range, and an out-of-range index is not detected
+here: XLA clamps, drops or wraps it where eager torch raises. A write of
+several values to one place keeps one of them, as torch's does (which one is
+unspecified in both); an accumulating write sums them all. A boolean mask
+index selects a data-dependent number of elements: it runs eagerly, except
+`x[mask] = v` (and +=) where v does not depend on that number, a select.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ def _add_at(ref, values):
     return ref.max(values) if values.dtype == jnp.bool_ else ref.add(values)
 
 
-def _along(dim, ndim, index):
+def _along(dim, index):
     """The jnp index that puts `index` at dimension `dim`."""
     return (slice(None),) * dim + (index,)
 
@@ -252,7 +255,7 @@ def _index_along(self, dim, index, source):
     """(self, where, source) for index_add/copy/reduce, 0-d tensors as 1-element ones."""
     if self.ndim == 0:
         return self.reshape(1), (index.reshape(-1),), source.reshape(-1)
-    return self, _along(dim % self.ndim, self.ndim, index.reshape(-1)), source
+    return self, _along(dim % self.ndim, index.reshape(-1)), source
 
 
 @lowers("aten::index_add")
@@ -273,7 +276,7 @@ def index_copy(self, dim, index, source):
 @lowers("aten::index_fill")
 def index_fill(self, dim, index, value):
     base = _as_1d(self)
-    where = _along(dim % base.ndim, base.ndim, index.reshape(-1))
+    where = _along(dim % base.ndim, index.reshape(-1))
     return base.at[where].set(_cast(value, self.dtype)).reshape(self.shape)
 
 
@@ -443,10 +446,9 @@ def isin(elements, test_elements, *, assume_unique=False, invert=False):
     elif elements.size * test.size <= 1 << 22:
         found = (elements[..., None] == test).any(axis=-1)
     else:
-        # the test elements sorted, and a search; +0.0 and -0.0 (equal, though
-        # sorted apart) are checked on both sides of the insertion point
+        # the test elements sorted, and a search (jnp's sort and search hold
+        # -0.0 and 0.0 equal, as == does; NaN, sorted last, equals nothing)
         ordered = jnp.sort(test)
         at = jnp.searchsorted(ordered, elements)
-        found = ((ordered[jnp.clip(at, 0, test.size - 1)] == elements)
-                 | (ordered[jnp.clip(at - 1, 0, test.size - 1)] == elements))
+        found = ordered[jnp.clip(at, 0, test.size - 1)] == elements
     return ~found if invert else found
