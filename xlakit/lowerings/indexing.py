@@ -1,5 +1,454 @@
 """Indexing ops: advanced indexing, gather/scatter, index_select/add/copy/fill,
-index_put, masked ops, embedding and its backward."""
+index_put, masked ops, embedding and its backward, searchsorted, isin.
+
+Index semantics are eager torch's for in-range indices: negative indices wrap
+where torch wraps them (index, index_put, index_fill, take, put: jnp's
+indexing normalizes negative indices as NumPy does). Where eager torch raises
+on a negative index (gather, scatter, index_select/add/copy/reduce,
+embedding) it is out of range, and an out-of-range index is not detected
+here: XLA clamps, drops or wraps it where eager torch raises. A write of
+several values to one place keeps one of them, as torch's does (which one is
+unspecified in both); an accumulating write sums them all. A boolean mask
+index selects a data-dependent number of elements: it runs eagerly, except
+`x[mask] = v` (and +=) where v does not depend on that number, a select.
+"""
 from __future__ import annotations
 
-from . import lowers  # noqa: F401
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from ..ops import NeedsEager
+from . import computation_dtype, jax_dtype, lowers
+
+
+# -- helpers ----------------------------------------------------------------------
+def _cast(value, dtype):
+    """A Python scalar or array in `dtype`, as torch converts a Scalar argument
+    to the tensor's dtype (a float into an integer tensor truncates)."""
+    return jnp.asarray(value).astype(dtype)
+
+
+def _key(self, indices):
+    """aten's `Tensor?[] indices` as a jnp index: None is a full slice, trailing
+    dims are implied. Integer index tensors broadcast together; where they are
+    not adjacent their dims go first (torch's rule, which is NumPy's)."""
+    key = []
+    for index in indices:
+        if index is None:
+            key.append(slice(None))
+        elif index.dtype in (jnp.bool_, jnp.uint8):
+            # a mask selects a data-dependent number of elements
+            raise NeedsEager("a boolean (or uint8) mask index selects a data-dependent number of elements")
+        else:
+            key.append(index)
+    if len(key) > self.ndim:
+        raise IndexError(f"too many indices for tensor of dimension {self.ndim} (got {len(key)})")
+    return tuple(key)
+
+
+def _add_at(ref, values):
+    """ref.add(values) where `ref` is `x.at[...]`; bool sums are logical or (torch: True + True is True)."""
+    return ref.max(values) if values.dtype == jnp.bool_ else ref.add(values)
+
+
+def _along(dim, index):
+    """The jnp index that puts `index` at dimension `dim`."""
+    return (slice(None),) * dim + (index,)
+
+
+def _as_1d(self):
+    """torch lets the dim ops take a 0-d tensor as if it had one element."""
+    return self.reshape(1) if self.ndim == 0 else self
+
+
+def _scatter_coords(index, dim):
+    """For scatter/gather-style ops: the coordinates each element of `index`
+    addresses (index itself at `dim`, its own position elsewhere)."""
+    return tuple(index if d == dim else lax.broadcasted_iota(index.dtype, index.shape, d)
+                 for d in range(index.ndim))
+
+
+def _leading(x, shape):
+    """x's leading block of `shape` (scatter's src and gather's self may be larger than index)."""
+    return x[tuple(slice(0, n) for n in shape)]
+
+
+def _identity(reduce, dtype):
+    """The value a reduction starts from where include_self=False."""
+    dtype = jnp.dtype(dtype)
+    if reduce in ("sum", "mean"):
+        return jnp.zeros((), dtype)
+    if reduce == "prod":
+        return jnp.ones((), dtype)
+    if dtype == jnp.bool_:
+        return jnp.asarray(reduce == "amin")
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.asarray(-jnp.inf if reduce == "amax" else jnp.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return jnp.asarray(info.min if reduce == "amax" else info.max, dtype)
+
+
+def _reduce_at(ref, values, reduce):
+    """One scatter reduction at `ref` (x.at[...]). NaN propagates through
+    amax/amin as in torch (XLA's max and min propagate NaN)."""
+    if reduce in ("sum", "mean", "add"):
+        return _add_at(ref, values)
+    if reduce in ("prod", "multiply"):
+        return ref.min(values) if values.dtype == jnp.bool_ else ref.multiply(values)
+    if reduce == "amax":
+        return ref.max(values)
+    if reduce == "amin":
+        return ref.min(values)
+    raise ValueError(f"reduce argument must be sum, prod, mean, amax or amin, got {reduce}")
+
+
+def _divide_by_count(total, count):
+    """scatter_reduce / index_reduce 'mean': float division, floor division for integers (as torch)."""
+    count = jnp.where(count == 0, 1, count)
+    if jnp.issubdtype(total.dtype, jnp.inexact):
+        return total / count.astype(total.dtype)
+    return jnp.floor_divide(total, count.astype(total.dtype))
+
+
+def _reduce_into(self, where, values, reduce, include_self):
+    """scatter_reduce / index_reduce: reduce `values` into self at the
+    positions `where` (a jnp index); include_self=False first sets every
+    addressed position to the reduction's identity, as torch does."""
+    out = self
+    if not include_self:
+        out = out.at[where].set(_identity(reduce, out.dtype))
+    out = _reduce_at(out.at[where], values.astype(out.dtype), reduce)
+    if reduce == "mean":
+        count = jnp.full(self.shape, 1 if include_self else 0, jnp.int64)
+        count = count.at[where].add(jnp.ones(values.shape, jnp.int64))
+        out = _divide_by_count(out, count)
+    return out
+
+
+# -- advanced indexing ----------------------------------------------------------------
+@lowers("aten::index", "aten::_unsafe_index")
+def index(self, indices):
+    return self[_key(self, indices)]
+
+
+def _is_mask(index) -> bool:
+    return index is not None and index.dtype in (jnp.bool_, jnp.uint8)
+
+
+@lowers("aten::index_put", "aten::_unsafe_index_put", "aten::_index_put_impl")
+def index_put(self, indices, values, accumulate=False, unsafe=False):
+    values = values.astype(self.dtype)
+    if any(_is_mask(i) for i in indices):
+        return _masked_put(self, indices, values, accumulate)
+    ref = self.at[_key(self, indices)]
+    return _add_at(ref, values) if accumulate else ref.set(values)
+
+
+def _masked_put(self, indices, values, accumulate):
+    """`x[mask] = v` (or +=) for one mask among full slices, when v does not
+    depend on how many elements the mask selects (it broadcasts along that
+    dim): a select, no data-dependent shape. Other mask writes run eagerly."""
+    masks = [d for d, i in enumerate(indices) if i is not None]
+    if len(masks) != 1 or not _is_mask(indices[masks[0]]) or indices[masks[0]].ndim == 0:
+        raise NeedsEager("a boolean (or uint8) mask index with other indices selects a data-dependent number "
+                         "of elements")
+    mask = indices[masks[0]] != 0
+    rest = self.ndim - masks[0] - mask.ndim  # dims after the mask's
+    if values.ndim > rest:  # values has a dim where the selected elements go
+        if values.shape[values.ndim - rest - 1] != 1:
+            raise NeedsEager("the values of a mask write depend on how many elements the mask selects")
+        values = jnp.squeeze(values, values.ndim - rest - 1)
+        if values.ndim > rest:  # a dim of 1 for each of the mask's dims
+            values = values.reshape(values.shape[:values.ndim - rest] + (1,) * mask.ndim
+                                    + values.shape[values.ndim - rest:])
+    mask = mask.reshape(mask.shape + (1,) * rest)
+    if accumulate:
+        values = jnp.where(mask, values, jnp.zeros((), self.dtype))
+        return (self | values) if self.dtype == jnp.bool_ else self + values
+    return jnp.where(mask, values, self)
+
+
+@lowers("aten::_unsafe_masked_index")
+def _unsafe_masked_index(self, mask, indices, fill):
+    """self[indices] where mask, else fill. Indices under a false mask may be
+    out of range (as torch's decomposition, they are clamped: never read)."""
+    key = tuple(None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1)
+                for d, i in enumerate(indices))
+    return jnp.where(mask, index(self, key), _cast(fill, self.dtype))
+
+
+@lowers("aten::_unsafe_masked_index_put_accumulate")
+def _unsafe_masked_index_put_accumulate(self, mask, indices, values):
+    key = tuple(None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1)
+                for d, i in enumerate(indices))
+    values = jnp.where(mask, values, jnp.zeros((), values.dtype))
+    return index_put(self, key, values, accumulate=True)
+
+
+# -- gather / scatter ---------------------------------------------------------------
+@lowers("aten::gather")
+def gather(self, dim, index, *, sparse_grad=False):
+    if index.size == 0:  # torch checks nothing of an empty index (its dtype, its rank)
+        return jnp.zeros(index.shape, self.dtype)
+    if index.ndim == 0 or self.ndim == 0:
+        return _as_1d(self)[_as_1d(index)].reshape(index.shape)
+    dim %= self.ndim
+    source = self[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index.shape))]
+    return jnp.take_along_axis(source, index, axis=dim, mode="promise_in_bounds")
+
+
+def _scatter(self, dim, index, src, reduce):
+    """scatter's family: `reduce` None writes, else 'add'/'multiply'/'sum'/... reduce."""
+    shape = self.shape
+    if index.size == 0:
+        return self
+    if self.ndim == 0:
+        self, index = self.reshape(1), index.reshape(1)
+        src = src.reshape(1) if getattr(src, "ndim", 0) else src
+    elif index.ndim == 0:
+        index = index.reshape((1,) * self.ndim)
+        src = src.reshape((1,) * self.ndim) if getattr(src, "ndim", 0) == 0 else src
+    dim %= self.ndim
+    where = _scatter_coords(index, dim)
+    values = (_leading(src, index.shape) if src.ndim else jnp.broadcast_to(src, index.shape)).astype(self.dtype)
+    out = self.at[where].set(values) if reduce is None else _reduce_at(self.at[where], values, reduce)
+    return out.reshape(shape)
+
+
+@lowers("aten::scatter.src", "aten::scatter.reduce")
+def scatter_src(self, dim, index, src, *, reduce=None):
+    return _scatter(self, dim, index, src, reduce)
+
+
+@lowers("aten::scatter.value", "aten::scatter.value_reduce")
+def scatter_value(self, dim, index, value, *, reduce=None):
+    return _scatter(self, dim, index, _cast(value, self.dtype), reduce)
+
+
+@lowers("aten::scatter_add")
+def scatter_add(self, dim, index, src):
+    return _scatter(self, dim, index, src, "add")
+
+
+@lowers("aten::scatter_reduce.two")
+def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
+    shape = self.shape
+    if index.size == 0:
+        return self
+    if self.ndim == 0 or index.ndim == 0:
+        self, index, src = _as_1d(self), _as_1d(index), _as_1d(src)
+    dim %= self.ndim
+    out = _reduce_into(self, _scatter_coords(index, dim), _leading(src, index.shape), reduce, include_self)
+    return out.reshape(shape)
+
+
+# -- index_* along one dim ------------------------------------------------------------
+@lowers("aten::index_select")
+def index_select(self, dim, index):
+    if self.ndim == 0:
+        return self.reshape(1)[index.reshape(-1)].reshape(())
+    return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
+
+
+def _index_along(self, dim, index, source):
+    """(self, where, source) for index_add/copy/reduce, 0-d tensors as 1-element ones."""
+    if self.ndim == 0:
+        return self.reshape(1), (index.reshape(-1),), source.reshape(-1)
+    return self, _along(dim % self.ndim, index.reshape(-1)), source
+
+
+@lowers("aten::index_add")
+def index_add(self, dim, index, source, *, alpha=1):
+    base, where, source = _index_along(self, dim, index, source)
+    source = source.astype(self.dtype)
+    if alpha != 1:
+        source = source * _cast(alpha, self.dtype)
+    return _add_at(base.at[where], source).reshape(self.shape)
+
+
+@lowers("aten::index_copy")
+def index_copy(self, dim, index, source):
+    base, where, source = _index_along(self, dim, index, source)
+    return base.at[where].set(source.astype(self.dtype)).reshape(self.shape)
+
+
+@lowers("aten::index_fill")
+def index_fill(self, dim, index, value):
+    base = _as_1d(self)
+    where = _along(dim % base.ndim, index.reshape(-1))
+    return base.at[where].set(_cast(value, self.dtype)).reshape(self.shape)
+
+
+@lowers("aten::index_reduce")
+def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    base, where, source = _index_along(self, dim, index, source)
+    return _reduce_into(base, where, source, reduce, include_self).reshape(self.shape)
+
+
+# -- masks, flat indices ----------------------------------------------------------------
+@lowers("aten::masked_scatter")
+def masked_scatter(self, mask, source):
+    """Where mask, source's elements in order (row-major), else self."""
+    shape = jnp.broadcast_shapes(self.shape, mask.shape)
+    flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
+    flat_self = jnp.broadcast_to(self, shape).reshape(-1)
+    source = source.reshape(-1).astype(self.dtype)
+    if source.size == 0:  # then no element is masked (eager torch checks)
+        return flat_self.reshape(shape)
+    position = jnp.cumsum(flat_mask.astype(jnp.int64)) - 1
+    taken = source[jnp.clip(position, 0, source.size - 1)]
+    return jnp.where(flat_mask, taken, flat_self).reshape(shape)
+
+
+@lowers("aten::take")
+def take(self, index):
+    return self.reshape(-1)[index]
+
+
+@lowers("aten::put")
+def put(self, index, source, accumulate=False):
+    ref = self.reshape(-1).at[index.reshape(-1)]
+    source = source.reshape(-1).astype(self.dtype)
+    return (_add_at(ref, source) if accumulate else ref.set(source)).reshape(self.shape)
+
+
+# -- embedding ----------------------------------------------------------------------------
+@lowers("aten::embedding")
+def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """Rows of weight (padding_idx only matters to the backward)."""
+    return jnp.take(weight, indices, axis=0, mode="clip")
+
+
+@lowers("aten::embedding_renorm")
+def embedding_renorm(self, indices, max_norm, norm_type):
+    """F.embedding's max_norm: each row an index names whose norm exceeds
+    max_norm is scaled by max_norm / (norm + 1e-7) (eager CPU's formula: the
+    norm and the scale rounded to the weight's dtype)."""
+    wide = self.astype(jnp.float32) if self.dtype in (jnp.float16, jnp.bfloat16) else self
+    magnitude = jnp.abs(wide)
+    if norm_type == float("inf"):
+        norm = magnitude.max(axis=-1)
+    elif norm_type == 0:
+        norm = (wide != 0).sum(axis=-1).astype(wide.dtype)
+    else:
+        norm = (magnitude ** norm_type).sum(axis=-1) ** (1.0 / norm_type)
+    norm = norm.astype(self.dtype).astype(jnp.float64)
+    named = jnp.zeros(self.shape[:1], jnp.bool_).at[indices.reshape(-1)].set(True)
+    scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
+    scale = scale.astype(self.dtype).astype(wide.dtype)  # eager rounds the scale to the weight's dtype
+    return (wide * scale[:, None]).astype(self.dtype)
+
+
+@lowers("aten::embedding_dense_backward")
+def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    """The gradient rows summed into each index's row; an index equal to
+    padding_idx contributes nothing; scale_grad_by_freq divides each
+    contribution by how often its index occurs. Summed in the gradient's
+    dtype, in index order, as eager CPU adds them (bfloat16 sums round at
+    each step there too)."""
+    dtype = grad_output.dtype
+    flat = indices.reshape(-1)
+    grad = grad_output.reshape((flat.size,) + grad_output.shape[indices.ndim:])
+    rows = (-1,) + (1,) * (grad.ndim - 1)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), jnp.int64).at[flat].add(1)
+        wide = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
+        grad = (grad.astype(wide) / counts[flat].astype(wide).reshape(rows)).astype(dtype)
+    grad = jnp.where((flat != padding_idx).reshape(rows), grad, jnp.zeros((), dtype))
+    return jnp.zeros((num_weights,) + grad.shape[1:], dtype).at[flat].add(grad)
+
+
+# -- searches -------------------------------------------------------------------------------
+def _common(a, b):
+    """Both arrays in the dtype torch compares them in (its promotion, a 0-d
+    tensor giving way to a dimensioned one of the same category)."""
+    dtype = jax_dtype(computation_dtype([a, b], None))
+    return a.astype(dtype), b.astype(dtype)
+
+
+def _category(dtype) -> int:
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
+        return 0
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return 3
+    return 2 if jnp.issubdtype(dtype, jnp.floating) else 1
+
+
+def _scalar_array(value, other):
+    """A Python Scalar argument as torch wraps it against tensor `other`: in
+    other's dtype unless the scalar's category is higher (then long, or the
+    default float or complex dtype)."""
+    if hasattr(value, "dtype"):
+        return value
+    category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else \
+        3 if isinstance(value, complex) else 2
+    if category <= _category(other.dtype):
+        return _cast(value, other.dtype)
+    default = torch.get_default_dtype()
+    dtype = {1: torch.int64, 2: default,
+             3: torch.complex128 if default == torch.float64 else torch.complex64}[category]
+    return _cast(value, jax_dtype(dtype))
+
+
+def _binary_search(boundaries, values, right):
+    """torch's own binary search, step for step (so NaN lands where it does in
+    eager: the search moves right past any element that is not >= (left) or
+    > (right) the value). boundaries: (..., n); values: (..., m) with the same
+    leading dims, or boundaries 1-D. jnp.searchsorted orders NaN differently."""
+    n = boundaries.shape[-1]
+    one_d = boundaries.ndim == 1
+    start = jnp.zeros(values.shape, jnp.int64)
+    end = jnp.full(values.shape, n, jnp.int64)
+    for _ in range(n.bit_length()):  # each step at least halves end - start
+        active = start < end
+        mid = start + ((end - start) >> 1)
+        probe = jnp.clip(mid, 0, n - 1)
+        mid_val = boundaries[probe] if one_d else jnp.take_along_axis(boundaries, probe, axis=-1)
+        go_right = ~(mid_val > values) if right else ~(mid_val >= values)
+        start = jnp.where(active & go_right, mid + 1, start)
+        end = jnp.where(active & ~go_right, mid, end)
+    return start
+
+
+def _searchsorted(sorted_sequence, values, right, side, sorter):
+    right = right or side == "right"
+    values = _scalar_array(values, sorted_sequence)
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    sorted_sequence, values = _common(sorted_sequence, values)
+    if sorted_sequence.shape[-1] == 0:
+        return jnp.zeros(values.shape, jnp.int64)
+    return _binary_search(sorted_sequence, values, right)
+
+
+@lowers("aten::searchsorted")
+def searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    return _searchsorted(sorted_sequence, self, right, side, sorter)
+
+
+@lowers("aten::bucketize")
+def bucketize(self, boundaries, *, out_int32=False, right=False):
+    return _searchsorted(boundaries, self, right, None, None)
+
+
+@lowers("aten::isin")
+def isin(elements, test_elements, *, assume_unique=False, invert=False):
+    """Whether each element equals any test element (NaN equals nothing)."""
+    if not hasattr(elements, "dtype"):
+        elements = _scalar_array(elements, test_elements)
+    test_elements = _scalar_array(test_elements, elements)
+    elements, test_elements = _common(elements, test_elements)
+    test = test_elements.reshape(-1)
+    if test.size == 0:
+        found = jnp.zeros(elements.shape, jnp.bool_)
+    elif elements.size * test.size <= 1 << 22:
+        found = (elements[..., None] == test).any(axis=-1)
+    else:
+        # the test elements sorted, and a search (jnp's sort and search hold
+        # -0.0 and 0.0 equal, as == does; NaN, sorted last, equals nothing)
+        ordered = jnp.sort(test)
+        at = jnp.searchsorted(ordered, elements)
+        found = ordered[jnp.clip(at, 0, test.size - 1)] == elements
+    return ~found if invert else found
