@@ -532,11 +532,6 @@ def ormqr(self, input2, input3, left=True, transpose=False):
     return lax.linalg.ormqr(self, input2, input3, left=left, transpose=transpose)
 
 
-@lowers("aten::trace")
-def trace(self):
-    return jnp.trace(self)
-
-
 @lowers("aten::linalg_cross")
 def linalg_cross(self, other, *, dim=-1):
     shape = jnp.broadcast_shapes(self.shape, other.shape)
