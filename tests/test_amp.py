@@ -176,7 +176,7 @@ def test_torch_compile_enters_its_own_autocast_regions(dev):
     assert not torch._C._is_torch_function_mode_enabled()
 
 
-@pytest.mark.parametrize("device_type", ["xla", "privateuseone"])
+@pytest.mark.parametrize("device_type", ["xla"])
 def test_autocast_for_another_device_type_warns(dev, monkeypatch, device_type):
     monkeypatch.setattr(amp, "_WARNED_DEVICE", False)
     lazy = nn.Linear(8, 4).to(dev)

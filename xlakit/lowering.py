@@ -101,14 +101,20 @@ _OWN_DECOMPOSITIONS = {
 def decomposition(op):
     """The function the frontend calls instead of recording `op` (the op
     table's policy says which), or None. An op the lowering table lacks takes
-    PyTorch's decomposition into Core ATen ops where there is one."""
+    PyTorch's decomposition into Core ATen ops, or its composite kernel, where
+    there is one."""
     handling = ops.policy(op).handling
     if handling is Handling.OWN_DECOMPOSITION:
         return _OWN_DECOMPOSITIONS[op_name(op)](op)
     if handling is Handling.DECOMPOSED:
         return torch._decomp.decomposition_table[op]
-    if handling is Handling.LOWERED and lowerings.find(op) is None and op in _core_aten_decompositions():
-        return _core_aten_decompositions()[op]
+    if handling is Handling.LOWERED and lowerings.find(op) is None:
+        if op in _core_aten_decompositions():
+            return _core_aten_decompositions()[op]
+        # A composite op reaches xlakit where torch does not expand it first
+        # (under inference_mode since torch 2.13, e.g. flatten): its own kernel
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            return op.decompose
     return None
 
 
