@@ -106,27 +106,25 @@ def _antialiased_resize(x):
     return F.interpolate(x[None, None], size=(2, 3), mode="bilinear", antialias=True)
 
 
-# torchax's lowerings of these crash (linalg_lu, _linalg_solve_ex, lu_unpack,
+# torchax's lowerings of these crashed (linalg_lu, _linalg_solve_ex, lu_unpack,
 # searchsorted, nonzero_static, max_unpool2d, _embedding_bag_forward_only,
-# _upsample_bilinear2d_aa)
-CRASHING = {f.__name__.lstrip("_"): f for f in (_lu, _solve, _lu_unpack, _searchsorted, _nonzero_static,
-                                                 _max_unpool, _embedding_bag, _antialiased_resize)}
+# _upsample_bilinear2d_aa): xlakit's own table lowers some, the rest run eagerly
+ONCE_CRASHING = {f.__name__.lstrip("_"): f for f in (_lu, _solve, _lu_unpack, _searchsorted, _nonzero_static,
+                                                      _max_unpool, _embedding_bag, _antialiased_resize)}
 
 
-@pytest.mark.parametrize("name", sorted(CRASHING))
-def test_ops_whose_lowering_crashes_are_computed_eagerly(dev, monkeypatch, name):
-    # the first failure in a process, as users meet it
+@pytest.mark.parametrize("name", sorted(ONCE_CRASHING))
+def test_ops_whose_old_lowering_crashed_equal_eager(dev, monkeypatch, name):
+    # the first call in a process, as users meet it
     monkeypatch.setattr(ops, "FAILED", set())
     monkeypatch.setattr(eager, "WARNED", set())
     torch.manual_seed(0)
     x = torch.randn(4, 4)
-    want = CRASHING[name](x)
-    with pytest.warns(UserWarning, match="runs eagerly on CPU"):
-        got = CRASHING[name](x.to(dev))
-        xlakit.mark_step()
+    want = ONCE_CRASHING[name](x)
+    got = ONCE_CRASHING[name](x.to(dev))
+    xlakit.mark_step()
     for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
         assert_same(g, w, rtol=1e-5, atol=1e-5)
-    assert xlakit.metrics()["fallbacks"] >= 1
 
 
 @pytest.mark.parametrize("shape, dim", [((6, 4, 5), 0), ((6, 4, 5), 2), ((3, 7), 1)])
