@@ -1,0 +1,150 @@
+"""Special functions: error and gamma functions and their kin, Bessel functions,
+zeta, xlogy (part of the pointwise family; pointwise.py imports this module).
+jax.scipy.special where it agrees with eager CPU (ATen's Cephes ports), ATen's
+own formulas where it does not: edge cases (poles, negative arguments) and the
+double precision ATen sums float32 in."""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import jax.scipy.special as jss
+from jax import lax
+
+from . import lowers
+from .pointwise import as_dtype, common, opmath, register_unary
+
+register_unary({
+    "aten::erf": lax.erf, "aten::erfc": lax.erfc, "aten::erfinv": lax.erf_inv, "aten::lgamma": lax.lgamma,
+    "aten::special_ndtr": jss.ndtr, "aten::special_ndtri": jss.ndtri, "aten::special_log_ndtr": jss.log_ndtr,
+    "aten::special_erfcx": jss.erfcx, "aten::i0": jss.i0, "aten::special_i0e": jss.i0e,
+    "aten::special_i1": jss.i1, "aten::special_i1e": jss.i1e, "aten::special_modified_bessel_i0": jss.i0,
+    "aten::special_modified_bessel_i1": jss.i1,
+})
+
+
+@lowers("aten::digamma", "aten::special_digamma", promote=True)
+def digamma(self):
+    """ATen: digamma(+-0) is -+inf, digamma of a negative integer is NaN."""
+    x = opmath(self)
+    out = jss.digamma(x)
+    out = jnp.where((x < 0) & (x == jnp.floor(x)), jnp.full_like(x, jnp.nan), out)
+    return jnp.where(x == 0, jnp.copysign(jnp.full_like(x, jnp.inf), -x), out)
+
+
+def _trigamma(x):
+    """ATen's calc_trigamma: reflection below 0.5, six recurrence steps, then the
+    asymptotic series (finite, not inf, next to the poles, as eager)."""
+    reflect = x < 0.5
+    sin_pi_x = jnp.sin(as_dtype(math.pi, x.dtype) * x)
+    result = jnp.where(reflect, -(math.pi * math.pi) / (sin_pi_x * sin_pi_x), jnp.zeros_like(x))
+    x = jnp.where(reflect, 1 - x, x)
+    for _ in range(6):
+        result = result + 1 / (x * x)
+        x = x + 1
+    ixx = 1 / (x * x)
+    result = result + (1 + 1 / (2 * x) + ixx * (1 / 6 - ixx * (1 / 30 - ixx * (1 / 42)))) / x
+    return jnp.where(reflect, -result, result)
+
+
+def _zeta(x, q):
+    """Hurwitz zeta with Cephes' (ATen's) edge cases: x == 1 gives inf, x < 1 NaN,
+    q a non-positive integer inf. A negative q starts with the terms up to
+    q + ceil(-q) summed one by one, as Cephes does: jss.zeta's fixed nine terms
+    are too few there."""
+    if x.dtype == jnp.float32:  # ATen sums in double on the CPU (acc_type)
+        return _zeta(x.astype(jnp.float64), q.astype(jnp.float64)).astype(jnp.float32)
+    steps = jnp.where(q < 0, jnp.ceil(-q), jnp.zeros_like(q))
+
+    def more(state):
+        return jnp.any(state[0] < steps)
+
+    def term(state):
+        k, head = state
+        return k + 1, head + jnp.where(k < steps, (q + k) ** -x, jnp.zeros_like(head))
+
+    _, head = lax.while_loop(more, term, (jnp.zeros((), q.dtype), jnp.zeros_like(q * x)))
+    out = head + jss.zeta(x, q + steps)
+    out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.full_like(out, jnp.inf), out)
+    out = jnp.where((q < 0) & (x != jnp.floor(x)), jnp.full_like(out, jnp.nan), out)
+    out = jnp.where(x < 1, jnp.full_like(out, jnp.nan), out)
+    return jnp.where(x == 1, jnp.full_like(out, jnp.inf), out)
+
+
+@lowers("aten::polygamma", promote=True)
+def polygamma(n, self):
+    """ATen: digamma, trigamma, then (-1)**(n+1) n! zeta(n + 1, x)."""
+    if n == 0:
+        return digamma(self)
+    x = opmath(self)
+    if n == 1:
+        return _trigamma(x)
+    factor = (1.0 if n % 2 else -1.0) * math.exp(math.lgamma(n + 1.0))
+    return factor * _zeta(jnp.full_like(x, n + 1), x)
+
+
+@lowers("aten::mvlgamma", promote=True)
+def mvlgamma(self, p):
+    x = opmath(self)
+    offsets = jnp.arange(-p / 2 + 0.5, 0.5, 0.5, dtype=x.dtype)[:p]
+    return jnp.sum(lax.lgamma(x[..., None] + offsets), axis=-1) + p * (p - 1) / 4 * math.log(math.pi)
+
+
+def _binary_special(fn):
+    def lowering(self, other):
+        self, other = common(self, other)
+        return fn(*opmath(self, other))
+    return lowering
+
+
+lowers("aten::igamma", "aten::special_gammainc", promote=True)(_binary_special(jss.gammainc))
+lowers("aten::igammac", "aten::special_gammaincc", promote=True)(_binary_special(jss.gammaincc))
+lowers("aten::special_zeta", promote=True)(_binary_special(_zeta))
+
+
+def _xlog(log):
+    def formula(x, y):
+        out = jnp.where(x == 0, jnp.zeros_like(x), x * log(y))
+        return jnp.where(jnp.isnan(y), jnp.full_like(y, jnp.nan), out)
+    return formula
+
+
+lowers("aten::xlogy", "aten::special_xlogy", promote=True)(_binary_special(_xlog(jnp.log)))
+lowers("aten::special_xlog1py", promote=True)(_binary_special(_xlog(jnp.log1p)))
+
+
+@lowers("aten::special_entr", promote=True)
+def special_entr(self):
+    x = opmath(self)
+    out = jnp.where(x > 0, -x * jnp.log(x), jnp.where(x == 0, jnp.zeros_like(x), jnp.full_like(x, -jnp.inf)))
+    return jnp.where(jnp.isnan(x), x, out)
+
+
+@lowers("aten::logit", "aten::special_logit", promote=True)
+def logit(self, eps=None):
+    x = opmath(self)
+    if eps is not None and eps >= 0:
+        lo, hi = as_dtype(eps, x.dtype), as_dtype(1 - eps, x.dtype)
+        x = jnp.where(x < lo, lo, jnp.where(x > hi, hi, x))
+    return jnp.log(x / (1 - x))
+
+
+@lowers("aten::logit_backward", promote=True)
+def logit_backward(grad_output, self, eps=None):
+    g, x = opmath(grad_output, self)
+    grad = g / (x * (1 - x))
+    if eps is None or eps < 0:
+        return jnp.where((x >= 0) & (x <= 1), grad, jnp.full_like(x, jnp.nan))
+    return jnp.where((x < eps) | (x > 1 - eps), jnp.zeros_like(x), grad)  # NaN stays NaN
+
+
+@lowers("aten::special_spherical_bessel_j0", promote=True)
+def special_spherical_bessel_j0(self):
+    """ATen: a Taylor series below |x| 0.5, sin(x) / x above."""
+    x = opmath(self)
+    x2 = x * x
+    series = 1 + x2 * (-1 / 6 + x2 * (1 / 120 + x2 * (-1 / 5040 + x2 * (1 / 362880 + x2 * (
+        -1 / 39916800 + x2 * (1 / 6227020800))))))
+    safe = jnp.where(jnp.abs(x) < 0.5, jnp.ones_like(x), x)
+    out = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
+    return jnp.where(jnp.isinf(x), jnp.zeros_like(x), out)
