@@ -192,6 +192,27 @@ for _n in (1, 2, 3):
 case("bessel_i", lambda a: (a.i0(), torch.special.i0e(a), torch.special.i1(a), torch.special.i1e(a),
                             torch.special.modified_bessel_i0(a), torch.special.modified_bessel_i1(a)),
      GRID, **_SPECIAL_TOL)
+_BESSEL_X = T([0.0, -0.0, 1e-6, 0.5, 1.9, 2.0, 2.5, 4.9, 5.0, 5.1, 8.0, 30.0, -3.0, -7.5, inf, nan])
+case("bessel_jy", lambda a: (torch.special.bessel_j0(a), torch.special.bessel_j1(a), torch.special.bessel_y0(a),
+                             torch.special.bessel_y1(a)), _BESSEL_X, **_SPECIAL_TOL)
+case("bessel_k", lambda a: (torch.special.modified_bessel_k0(a), torch.special.modified_bessel_k1(a),
+                            torch.special.scaled_modified_bessel_k0(a), torch.special.scaled_modified_bessel_k1(a)),
+     _BESSEL_X, **_SPECIAL_TOL)
+case("bessel_float64", lambda a: (torch.special.bessel_j0(a), torch.special.bessel_y1(a),
+                                  torch.special.modified_bessel_k1(a)), _BESSEL_X.double(), rtol=1e-12, atol=1e-14)
+# Airy Ai: asymptotic forms beyond +-2.09, a power series summed to convergence between
+case("airy_ai", torch.special.airy_ai, T([-10.0, -2.1, -2.09, -1.0, 0.0, 0.5, 2.08, 2.09, 5.0, 8.4, 50.0, 104.0, inf,
+                                         -inf, nan]), **_SPECIAL_TOL)
+_DEGREES = T([-1.0, 0.0, 1.0, 2.0, 3.0, 6.0, 7.0, 9.0, 12.0, 2.7, inf])
+_POLY_X = T([-1.0, -0.6, -0.1, 0.0, 0.3, 0.5, 1.0, 1.7, -2.5])[:, None]
+for _poly in ("chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+              "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+              "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
+              "laguerre_polynomial_l", "legendre_polynomial_p"):
+    # degree n per element (a float, truncated; inf counts as negative, as on x86), the ends of
+    # the interval, the closed form for high degrees inside it
+    case(_poly, lambda x, n, f=getattr(torch.special, _poly): (f(x, n), f(x, 3), f(0.25, n)), _POLY_X, _DEGREES,
+         rtol=1e-4, atol=1e-4)
 case("spherical_bessel_j0", torch.special.spherical_bessel_j0, T([0.0, 1e-5, 0.3, -0.49, 0.7, 5.0, 100.0, inf]),
      **_SPECIAL_TOL)
 # a negative q: Cephes sums the terms up to q > 0 one by one (jss.zeta alone is far off)
@@ -251,6 +272,8 @@ case("softplus", lambda g, a: (torch.nn.functional.softplus(a), torch.nn.functio
                                aten.softplus_backward(g, a, 2.0, 3.0)), _GRAD, _ACT)
 case("log_sigmoid", lambda g, a: (torch.nn.functional.logsigmoid(a), *aten.log_sigmoid_forward(a),
                                   aten.log_sigmoid_backward(g, a, aten.log_sigmoid_forward(a)[1])), _GRAD, _ACT)
+case("glu", lambda g, a: (torch.nn.functional.glu(a, 0), torch.nn.functional.glu(a.reshape(2, -1), -1),
+                         aten.glu_backward(g, a, 0)), _GRAD[:10], _ACT[:20], rtol=1e-5)
 case("prelu", lambda a, w: torch.nn.functional.prelu(a, w), GRID.reshape(1, 19, 1).expand(2, 19, 3),
      torch.linspace(-1, 1, 19))
 case("dropout_backward", lambda g, m: aten.native_dropout_backward(g, m, 2.0), _GRAD[:8], _MASK)
@@ -327,3 +350,16 @@ def test_elementwise_op_matches_eager(dev, ran_eagerly, name):
     assert len(got) == len(want)
     for index, (g, w) in enumerate(zip(got, want)):
         _assert_same(g, w, name, index, tolerance)
+
+
+def test_an_unlowered_dtype_falls_back_for_that_call_only(dev, ran_eagerly):
+    """Complex logaddexp has no lowering: that call runs on CPU (eager's value),
+    and a float logaddexp after it still lowers."""
+    z = torch.complex(T([1.0, -2.0]), T([0.5, 3.0]))
+    got = torch.logaddexp(z.to(dev), z.to(dev)).cpu()
+    torch.testing.assert_close(got, torch.logaddexp(z, z))
+    assert any(op._schema.name == "aten::logaddexp" for op in ran_eagerly)
+    ran_eagerly.clear()
+    a = T([0.0, 1.0, -3.0])
+    torch.testing.assert_close(torch.logaddexp(a.to(dev), a.to(dev) * 2).cpu(), torch.logaddexp(a, a * 2))
+    assert not [op for op in ran_eagerly if _elementwise(op)]

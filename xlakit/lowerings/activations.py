@@ -245,6 +245,21 @@ def log_sigmoid_backward(grad_output, self, buffer):
     return g * (jnp.where(negative, 1.0, 0.0) - jnp.where(negative, 1.0, -1.0) * (z / (1 + z)))
 
 
+@lowers("aten::glu", promote=True)
+def glu(self, dim=-1):
+    """The first half of `dim` times the sigmoid of the second."""
+    a, b = jnp.split(opmath(self), 2, axis=dim)
+    return a * lax.logistic(b)
+
+
+@lowers("aten::glu_backward", promote=True)
+def glu_backward(grad_output, self, dim):
+    g, x = opmath(grad_output, self)
+    a, b = jnp.split(x, 2, axis=dim)
+    s = lax.logistic(b)
+    return jnp.concatenate([s * g, (1.0 - s) * s * a * g], axis=dim)
+
+
 @lowers("aten::_prelu_kernel", promote=True)
 def prelu_kernel(self, weight):
     return jnp.where(self > 0, self, weight * self)

@@ -1,7 +1,8 @@
 """Elementwise ops: arithmetic, rounding, clamping, selection, comparisons and
 logic, complex parts, and the helpers the family shares. The family's other
 modules, imported at the end: activations.py (activations and their backward
-ops) and special.py (special functions).
+ops), special.py (special functions) and bessel.py (the Bessel and Airy
+functions ATen ports from Cephes).
 
 Each lowering follows eager CPU torch's kernel formula (ATen's
 BinaryOpsKernel / UnaryOpsKernel, or PyTorch's decompositions where they
@@ -29,6 +30,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from ..ops import NeedsEager
 from . import computation_dtype, jax_dtype, lowers
 
 NUMBER = (bool, int, float, complex)
@@ -432,7 +434,7 @@ def ldexp(self, other):
 def logaddexp(self, other):
     a, b = opmath(self, other)
     if is_complex(a):
-        raise NotImplementedError("complex logaddexp")
+        raise NeedsEager("complex logaddexp is not lowered")
     m = jnp.maximum(a, b)
     out = m + jnp.log1p(jnp.exp(-jnp.abs(a - b)))
     return jnp.where(jnp.isinf(a) & (a == b), a, out)
@@ -648,8 +650,8 @@ def _shift(left: bool):
     def lowering(self, other):
         if isinstance(self, NUMBER):
             self = as_dtype(self, other.dtype)
-        if not (is_int(self)):
-            raise TypeError(f"xlakit: shifts of {self.dtype} are not lowered")
+        if not is_int(self):
+            raise NeedsEager(f"shifts of {self.dtype} are not lowered")
         amount = as_dtype(other, self.dtype)
         bits = jnp.iinfo(self.dtype).bits
         out_of_range = (amount < 0) | (amount >= bits)
@@ -717,4 +719,4 @@ lowers("aten::addcdiv", promote=True)(_with_value(lambda v, a, b: v * (a / b)))
 
 del _name, _compare
 
-from . import activations, special  # noqa: E402,F401  (the family's other modules; they register)
+from . import activations, bessel, special  # noqa: E402,F401  (the family's other modules; they register)

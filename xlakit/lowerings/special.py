@@ -148,3 +148,126 @@ def special_spherical_bessel_j0(self):
     safe = jnp.where(jnp.abs(x) < 0.5, jnp.ones_like(x), x)
     out = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(safe) / safe)
     return jnp.where(jnp.isinf(x), jnp.zeros_like(x), out)
+
+
+# -- orthogonal polynomials ---------------------------------------------------------------------
+# ATen's (Math.h): the degree n is cast to int64; special values at the ends of
+# the interval; a closed form inside it for high degrees; otherwise the
+# three-term recurrence, run per element as many times as its own degree asks.
+def _degree(n):
+    """static_cast<int64_t>(n): x86 gives INT64_MIN (a negative degree, so 0)
+    for NaN and infinities, where XLA's convert would saturate and loop forever."""
+    if not jnp.issubdtype(n.dtype, jnp.floating):
+        return n.astype(jnp.int64)
+    return jnp.where(jnp.isfinite(n), n, -1).astype(jnp.int64)
+
+
+def _recurrence(loops, p, q, step, k0, dk=1):
+    """q after `loops` steps (per element) of r = step(k, p, q); p, q = q, r, k = k0, k0 + dk, ..."""
+    total = jnp.max(loops, initial=0)
+
+    def more(state):
+        return state[0] < total
+
+    def body(state):
+        i, p, q = state
+        active = i < loops
+        r = step((k0 + dk * i).astype(q.dtype), p, q)
+        return i + 1, jnp.where(active, q, p), jnp.where(active, r, q)
+
+    return lax.while_loop(more, body, (jnp.zeros((), jnp.int64), p, q))[2]
+
+
+def _polynomial(evaluate):
+    def lowering(x, n):
+        x, n = common(x, n)
+        x, n = jnp.broadcast_arrays(*opmath(x, n))
+        return evaluate(x, _degree(n))
+    return lowering
+
+
+def _chebyshev(kind, shifted):
+    """T, U, V, W, and their shifted forms (of 2x - 1 on [0, 1])."""
+    def evaluate(x, n):
+        y = x + x - 1.0 if shifted else x
+        nf = n.astype(x.dtype)
+        even = n % 2 == 0
+        one = jnp.ones_like(x)
+        odd_sign = jnp.where(even, one, -one)
+        theta = jnp.arccos(y)
+        first = {"t": y, "u": y + y, "v": y + y - 1.0, "w": y + y + 1.0}[kind]
+        if kind == "t":
+            closed = jnp.cos(nf * theta)
+        elif kind == "u":
+            closed = jnp.where(jnp.sin(theta) != 0, jnp.sin((nf + 1) * theta) / jnp.sin(theta),
+                               (nf + 1) * jnp.cos((nf + 1) * theta) / y)
+        elif kind == "v":
+            closed = jnp.where(jnp.sin(theta / 2.0) != 1, jnp.cos((nf + 0.5) * theta) / jnp.cos(theta / 2.0),
+                               odd_sign * (nf + nf + 1))
+        else:
+            fallback = odd_sign if shifted else jnp.where(x > 0, nf + nf + 1, odd_sign)
+            closed = jnp.where(jnp.cos(theta / 2.0) != 1, jnp.sin((nf + 0.5) * theta) / jnp.sin(theta / 2.0), fallback)
+        # the ends: x = +-1 (x = 1 and 0 when shifted)
+        top = {"t": one, "u": nf + 1, "v": one, "w": nf + nf + 1}[kind]
+        bottom = {"t": odd_sign, "u": odd_sign * (nf + 1), "v": odd_sign * (nf + nf + 1), "w": odd_sign}[kind]
+        if shifted:
+            at_top, at_bottom = x == 1, x == 0
+        else:
+            at_top, at_bottom = (jnp.abs(x) == 1) & (x > 0), (jnp.abs(x) == 1) & (x < 0)
+            if kind in ("t", "u"):  # (x > 0 || n even) picks the top value
+                bottom = jnp.where(even, top, bottom)
+        ends = at_top | at_bottom
+        high = {"t": 6, "u": 8, "v": 8, "w": 8}[kind] if not shifted else (4 if kind == "w" else 6)
+        use_closed = ~ends & (n > high) & (jnp.abs(y) < 1)
+        loops = jnp.where(~ends & ~use_closed & (n >= 2), n - 1, 0)
+        out = _recurrence(loops, one, first, lambda k, p, q: (y + y) * q - p, 2)
+        out = jnp.where(n == 1, first, jnp.where(n == 0, one, out))
+        out = jnp.where(use_closed, closed, out)
+        out = jnp.where(at_bottom, bottom, jnp.where(at_top, top, out))
+        return jnp.where(n < 0, jnp.zeros_like(x), out)
+    return evaluate
+
+
+def _hermite(physicists: bool):
+    def evaluate(x, n):
+        one = jnp.ones_like(x)
+        first = x + x if physicists else x
+        limit = {jnp.dtype(jnp.float32): 128, jnp.dtype(jnp.float64): 512}.get(x.dtype, 1024)
+        loops = jnp.where((n >= 2) & (n <= limit), n - 1, 0)
+        if physicists:
+            out = _recurrence(loops, one, first, lambda k, p, q: (x + x) * q - k * p, 2, 2)
+        else:
+            out = _recurrence(loops, one, first, lambda k, p, q: x * q - k * p, 1)
+        out = jnp.where(n > limit, jnp.full_like(x, jnp.nan), out)
+        out = jnp.where(n == 1, first, jnp.where(n == 0, one, out))
+        return jnp.where(n < 0, jnp.zeros_like(x), out)
+    return evaluate
+
+
+def _laguerre_l(x, n):
+    one = jnp.ones_like(x)
+    loops = jnp.where((x != 0) & (n >= 2), n - 1, 0)
+    out = _recurrence(loops, one, 1.0 - x, lambda k, p, q: (((k + k) + (1.0 - x)) * q - k * p) / (k + 1), 1)
+    out = jnp.where(n == 1, 1.0 - x, jnp.where(n == 0, one, out))
+    out = jnp.where(x == 0, one, out)
+    return jnp.where(n < 0, jnp.zeros_like(x), out)
+
+
+def _legendre_p(x, n):
+    one = jnp.ones_like(x)
+    ends = jnp.abs(x) == 1
+    loops = jnp.where(~ends & (n >= 2), n - 1, 0)
+    out = _recurrence(loops, one, x, lambda k, p, q: ((k + k + 1) * x * q - k * p) / (k + 1), 1)
+    out = jnp.where(n == 1, x, jnp.where(n == 0, one, out))
+    out = jnp.where(ends, jnp.where((x > 0) | (n % 2 == 0), one, -one), out)
+    return jnp.where(n < 0, jnp.zeros_like(x), out)
+
+
+_POLYNOMIALS = {"hermite_polynomial_h": _hermite(True), "hermite_polynomial_he": _hermite(False),
+                "laguerre_polynomial_l": _laguerre_l, "legendre_polynomial_p": _legendre_p}
+for _kind in "tuvw":
+    _POLYNOMIALS[f"chebyshev_polynomial_{_kind}"] = _chebyshev(_kind, shifted=False)
+    _POLYNOMIALS[f"shifted_chebyshev_polynomial_{_kind}"] = _chebyshev(_kind, shifted=True)
+for _name, _evaluate in _POLYNOMIALS.items():
+    lowers(f"aten::special_{_name}", promote=True)(_polynomial(_evaluate))
+del _kind, _name, _evaluate
