@@ -243,36 +243,3 @@ def log_sigmoid_backward(grad_output, self, buffer):
     negative = x < 0
     z = jnp.exp(-jnp.abs(x))
     return g * (jnp.where(negative, 1.0, 0.0) - jnp.where(negative, 1.0, -1.0) * (z / (1 + z)))
-
-
-@lowers("aten::glu", promote=True)
-def glu(self, dim=-1):
-    """The first half of `dim` times the sigmoid of the second."""
-    a, b = jnp.split(opmath(self), 2, axis=dim)
-    return a * lax.logistic(b)
-
-
-@lowers("aten::glu_backward", promote=True)
-def glu_backward(grad_output, self, dim):
-    g, x = opmath(grad_output, self)
-    a, b = jnp.split(x, 2, axis=dim)
-    s = lax.logistic(b)
-    return jnp.concatenate([s * g, (1.0 - s) * s * a * g], axis=dim)
-
-
-@lowers("aten::_prelu_kernel", promote=True)
-def prelu_kernel(self, weight):
-    return jnp.where(self > 0, self, weight * self)
-
-
-@lowers("aten::_prelu_kernel_backward", promote=True)
-def prelu_kernel_backward(grad_output, self, weight):
-    positive = self > 0
-    grad_input = jnp.where(positive, grad_output, weight * grad_output)
-    grad_weight = jnp.where(positive, jnp.zeros_like(self), self * grad_output)
-    return grad_input, grad_weight
-
-
-@lowers("aten::native_dropout_backward", promote=True)
-def native_dropout_backward(grad_output, mask, scale):
-    return grad_output * mask * as_dtype(scale, grad_output.dtype)
