@@ -470,10 +470,25 @@ if set(_SPECIAL) != ops.named(Handling.FRONTEND):
 
 
 def functional_variant(op):
+    """`eye.m_out` -> `eye.m`: the overload named like the out= one, or else
+    the one with the same positional arguments (`arange.start_out` ->
+    `arange.start_step`: `arange.start` has no step)."""
     packet = op._overloadpacket
     name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
     name = name.rstrip("_") or "default"
-    return getattr(packet, name) if name in packet.overloads() else packet.default
+    named = getattr(packet, name) if name in packet.overloads() else packet.default
+    positional = _positional_names(op)
+    if _positional_names(named) == positional:
+        return named
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if _positional_names(candidate) == positional and not any(a.is_out for a in candidate._schema.arguments):
+            return candidate
+    return named
+
+
+def _positional_names(op) -> list[str]:
+    return [a.name for a in op._schema.arguments if not a.kwarg_only]
 
 
 set_dispatcher(dispatch)

@@ -132,8 +132,11 @@ def op_name(op) -> str:
 
 
 def has_lowering(op) -> bool:
-    """Whether a node of `op` lowers: the op table's policy and the lowering table."""
-    return ops.policy(op).handling is Handling.LOWERED and lowerings.find(op) is not None
+    """Whether a node of `op` lowers: the op table's policy (lowered, or
+    recorded by a frontend handler: _to_copy's cast, slice_copy) and the
+    lowering table."""
+    return (ops.policy(op).handling in (Handling.LOWERED, Handling.FRONTEND)
+            and lowerings.find(op) is not None)
 
 
 class NodeLoweringError(RuntimeError):
