@@ -15,7 +15,7 @@ OPS = ["add", "sub", "mul", "div", "matmul", "mm", "bmm", "addmm", "sum", "mean"
        "linalg.eigh", "linalg.pinv", "matrix_exp", "nn.functional.conv2d", "nn.functional.layer_norm", "cumsum", "topk",
        "sort", "nonzero", "angle",
        # fixed after the full sweep: batch norm's eval statistics, SVD signs, storage offsets,
-       # allclose, index tensors kept on the host, out= ops below functionalization, lowerings that crash
+       # allclose, index tensors kept on the host, out= ops below functionalization, lowerings that crashed
        "native_batch_norm", "_native_batch_norm_legit", "svd_lowrank", "pca_lowrank", "as_strided",
        "allclose", "tensor_split", "combinations", "linalg.matrix_power", "linalg.lu", "searchsorted",
        # random: OpInfo's seeding wrapper now steps xlakit
@@ -30,7 +30,8 @@ def test_common_ops_are_never_silently_wrong():
     assert results["nonzero"][0] == "fallback" and results["angle"] == ("pass", "")  # angle lowers (pointwise.py)
     assert results["native_batch_norm"] == ("pass", "") and results["allclose"] == ("pass", "")
     assert "singular pair takes eager's sign" in results["svd_lowrank"][1]
-    assert results["linalg.lu"][0] == "fallback"  # its lowering crashes: computed eagerly
+    assert results["linalg.lu"] == ("pass", "")  # xlakit's own lowering (torchax's crashed)
+    assert "eigenvector takes eager's sign" in results["linalg.eigh"][1]
     assert results["bernoulli"][0] == "fallback"  # random ops run eagerly, seeded by torch
 
 
