@@ -14,6 +14,8 @@ venv: .venv/.installed
 .venv/.installed: requirements-test.txt
 .venv-latest/.installed: requirements-latest.txt
 .venv-colab/.installed: requirements-colab.txt
+# a bench peer only: torch_xla's wheel carries an older copy of torchax, which this replaces
+.venv/.installed: PEER := torchax==0.0.13
 
 # xlakit is installed with its dependencies, after the stack's pins: check_stack fails if that
 # moved any pinned version (as `%pip install xlakit` must not on Colab).
@@ -21,6 +23,7 @@ venv: .venv/.installed
 	test -x $*/bin/python || $(PY) -m venv $*
 	$*/bin/pip install -q --upgrade pip
 	$*/bin/pip install -q -r $(STACK)
+	$(if $(PEER),$*/bin/pip install -q --force-reinstall --no-deps $(PEER))
 	$*/bin/pip install -q -e .
 	$*/bin/python scripts/check_stack.py $(STACK)
 	touch $@
