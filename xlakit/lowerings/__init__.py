@@ -76,12 +76,19 @@ def torch_dtype(dtype) -> torch.dtype:
     return _JAX_TO_TORCH[jnp.dtype(dtype)]
 
 
-def _category(dtype: torch.dtype) -> int:
-    if dtype is torch.bool:
+def category(dtype) -> int:
+    """torch's promotion category of a jax (or numpy) dtype: 0 bool, 1 integer,
+    2 floating, 3 complex."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.bool_:
         return 0
-    if dtype.is_complex:
+    if jnp.issubdtype(dtype, jnp.complexfloating):
         return 3
-    return 2 if dtype.is_floating_point else 1
+    return 2 if jnp.issubdtype(dtype, jnp.floating) else 1
+
+
+def _category(dtype: torch.dtype) -> int:
+    return category(jax_dtype(dtype))
 
 
 def computation_dtype(arrays, out_dtype: torch.dtype | None) -> torch.dtype:

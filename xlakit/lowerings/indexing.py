@@ -19,7 +19,7 @@ import torch
 from jax import lax
 
 from ..ops import NeedsEager
-from . import computation_dtype, jax_dtype, lowers
+from . import category, computation_dtype, jax_dtype, lowers
 
 
 # -- helpers ----------------------------------------------------------------------
@@ -367,28 +367,19 @@ def _common(a, b):
     return a.astype(dtype), b.astype(dtype)
 
 
-def _category(dtype) -> int:
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.bool_:
-        return 0
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return 3
-    return 2 if jnp.issubdtype(dtype, jnp.floating) else 1
-
-
 def _scalar_array(value, other):
     """A Python Scalar argument as torch wraps it against tensor `other`: in
     other's dtype unless the scalar's category is higher (then long, or the
     default float or complex dtype)."""
     if hasattr(value, "dtype"):
         return value
-    category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else \
+    rank = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else \
         3 if isinstance(value, complex) else 2
-    if category <= _category(other.dtype):
+    if rank <= category(other.dtype):
         return _cast(value, other.dtype)
     default = torch.get_default_dtype()
     dtype = {1: torch.int64, 2: default,
-             3: torch.complex128 if default == torch.float64 else torch.complex64}[category]
+             3: torch.complex128 if default == torch.float64 else torch.complex64}[rank]
     return _cast(value, jax_dtype(dtype))
 
 

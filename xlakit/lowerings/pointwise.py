@@ -31,7 +31,7 @@ import torch
 from jax import lax
 
 from ..ops import NeedsEager
-from . import computation_dtype, jax_dtype, lowers
+from . import category, computation_dtype, jax_dtype, lowers
 
 NUMBER = (bool, int, float, complex)
 
@@ -69,24 +69,15 @@ def _scalar_category(value) -> int:
     return 2 if isinstance(value, float) else 3
 
 
-def _category(dtype) -> int:
-    dtype = jnp.dtype(dtype)
-    if dtype == jnp.bool_:
-        return 0
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        return 3
-    return 2 if jnp.issubdtype(dtype, jnp.floating) else 1
-
-
 def _default_float():
     return jax_dtype(torch.get_default_dtype())
 
 
-def _raised(dtype, category: int):
+def _raised(dtype, rank: int):
     """torch's dtype for a tensor of `dtype` met by a Python number of a higher category."""
-    if category == 1:
+    if rank == 1:
         return jnp.int64
-    if category == 2:
+    if rank == 2:
         return _default_float()
     if jnp.dtype(dtype) == jnp.float64 or _default_float() == jnp.float64:
         return jnp.complex128
@@ -104,7 +95,7 @@ def common(*values):
         top = max(_scalar_category(n) for n in numbers)
         if dtype is None:
             dtype = {0: jnp.bool_, 1: jnp.int64, 2: _default_float(), 3: _raised(None, 3)}[top]
-        elif top > _category(dtype):
+        elif top > category(dtype):
             dtype = _raised(dtype, top)
     return tuple(as_dtype(v, dtype) for v in values)
 
@@ -112,7 +103,7 @@ def common(*values):
 def _with(x, value):
     """`value` (a Python number or an array) in x's dtype, x raised first where a
     Python number of a higher category meets it (comparisons: int tensor < 2.5)."""
-    if isinstance(value, NUMBER) and _scalar_category(value) > _category(x.dtype):
+    if isinstance(value, NUMBER) and _scalar_category(value) > category(x.dtype):
         x = x.astype(_raised(x.dtype, _scalar_category(value)))
     return x, as_dtype(value, x.dtype)
 
