@@ -13,7 +13,7 @@ import torch
 
 from . import sources
 from .ir import Node, fill
-from .lowering import jax_dtype
+from .lowerings import jax_dtype
 
 # ops already announced: each op warns once per process, whichever caller ran it
 WARNED: set = set()

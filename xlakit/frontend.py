@@ -10,7 +10,6 @@ xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
-
 import torch
 import torch._decomp
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
