@@ -112,3 +112,17 @@ def test_backend_is_found_through_the_entry_point_without_importing_xlakit():
                "import sys\nprint('xlakit.dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
+
+
+def test_compiled_resize_takes_the_indices_it_made_on_the_host_to_the_device():
+    # Dynamo traces on host tensors: a bilinear resize's decomposition makes its
+    # index tensors with device=cpu; they must join the lazy graph, not mix with it
+    def resize(x):
+        return F.interpolate((x * 2).view(1, 1, 2, 4), size=(2, 3), mode="bilinear")
+
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    with xlakit.capture() as steps:
+        got = torch.compile(resize, backend="xlakit")(x)
+    assert got.device == x.device and len(steps) == 1
+    torch.testing.assert_close(got, resize(x))

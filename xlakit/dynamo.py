@@ -140,7 +140,11 @@ def _interpret(gm, inputs, record: CompiledGraph):
                 executions_before = len(steps)
                 source = _user_line(node)
                 with sources.recorded_at(source):
-                    env[node.name] = node.target(*args, **kwargs)
+                    value = node.target(*args, **kwargs)
+                # the graph was traced on host tensors: what its factories make on the
+                # host (e.g. the indices of a decomposed resize) moves where the graph runs
+                on_host = isinstance(value, torch.Tensor) and value.device != DEVICE
+                env[node.name] = _to_lazy(value) if on_host else value
                 if len(steps) > executions_before:  # this node forced an execution: a split
                     record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
                 record.partition[node.name] = len(steps)
