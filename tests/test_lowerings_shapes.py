@@ -4,6 +4,8 @@ are easy to get wrong (torch's slice clamping, negative pads, cat's skipped
 empty inputs and promotion, arange's count and rounding, linspace's two-sided
 formula, casts). strict_lowering is on: a lowering that raises or returns the
 wrong shape fails here instead of being computed eagerly on CPU."""
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -196,6 +198,53 @@ def test_matches_eager(dev, monkeypatch, name):
     _same(got, want)
     xlakit.mark_step()
     assert xlakit.metrics()["fallbacks"] == 0
+
+
+# Composite ops reach the table only from inside PyTorch's decompositions:
+# their lowerings are called directly, on jax arrays. name -> (op, args).
+DIRECT = {
+    "flatten": (aten.flatten.using_ints, [_f(2, 3, 4), 1, -1]),
+    "flatten 0-d": (aten.flatten.using_ints, [torch.tensor(2.0)]),
+    "unflatten": (aten.unflatten.int, [_f(2, 12), -1, [3, -1]]),
+    "atleast_3d": (aten.atleast_3d.default, [_f(4)]),
+    "atleast_3d list": (aten.atleast_3d.Sequence, [[_f(2, 3), torch.tensor(1.0)]]),
+    "broadcast_tensors": (aten.broadcast_tensors.default, [[_f(3, 1), _f(4)]]),
+    "pad reflect": (aten.pad.default, [_f(1, 2, 5), [2, -1], "reflect"]),
+    "pad circular": (aten.pad.default, [_f(1, 2, 4), [1, 3], "circular"]),
+    "pad constant": (aten.pad.default, [_i(2, 3), [1, -1, 0, 2], "constant", 4.5]),
+    "type_as": (aten.type_as.default, [_f(3) * 1.7, _i(1)]),
+    "tensor_split sections": (aten.tensor_split.sections, [_f(7, 2), 3]),
+    "chunk": (aten.chunk.default, [_f(5, 2), 2, 0]),
+    "swapaxes": (aten.swapaxes.default, [_f(2, 3, 4), 0, -1]),
+    "mH": (aten.mH.default, [torch.complex(_f(2, 3), _f(2, 3) + 1)]),
+    "block_diag": (aten.block_diag.default, [[_f(2, 3), _i(1, 2), torch.tensor(5.0)]]),
+    "diag of a vector": (aten.diag.default, [_f(3), -1]),
+    "to other": (aten.to.other, [_f(3) * 1.7, _i(1)]),
+    "range": (aten.range.step, [0, 1, 0.1]),
+}
+
+
+def _to_jax(value):
+    if isinstance(value, torch.Tensor):
+        return jnp.asarray(value.numpy())
+    if isinstance(value, list):
+        return [_to_jax(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("name", sorted(DIRECT))
+def test_composite_lowerings_match_eager(dev, name):  # dev: xlakit's runtime (JAX in 64 bits)
+    op, args = DIRECT[name]
+    with torch.no_grad():
+        want = op(*args)
+    got = lowerings.find(op).fn(*_to_jax(args))
+    wants = want if isinstance(want, (tuple, list)) else [want]
+    gots = got if isinstance(got, (tuple, list)) else [got]
+    assert len(gots) == len(wants)
+    for g, w in zip(gots, wants):
+        g = torch.from_numpy(np.asarray(g)).to(w.dtype)  # the caller casts to torch's dtype
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("module", ["shapes", "factories"])
