@@ -72,6 +72,12 @@ def test_quickstart_renders_the_step_widget(lab):
         page.goto(f"{url}/lab/tree/01_quickstart.ipynb?token={token}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
         page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
+        # JupyterLab may open a dialog while the kernel starts (it intercepts clicks):
+        # let it close, or accept it
+        try:
+            page.wait_for_selector(".jp-Dialog", state="detached", timeout=15_000)
+        except PlaywrightTimeout:
+            page.locator(".jp-Dialog .jp-mod-accept").first.click()
         for attempt in range(3):  # the menu item is inert until the notebook has focus
             page.locator(".jp-Notebook .jp-Cell").first.click()
             page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
