@@ -91,8 +91,12 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     def forward(x, w):
         return convolution(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
 
-    _, vjp = jax.vjp(forward, input, weight)
-    grad_input, grad_weight = vjp(grad_output.astype(input.dtype))
+    # in float32 for half types, as torch's CPU kernels accumulate (and jax 0.7's
+    # transpose rule refuses a float32 cotangent against a half kernel)
+    compute = jnp.float32 if input.dtype in _HALF else input.dtype
+    _, vjp = jax.vjp(forward, input.astype(compute), weight.astype(compute))
+    grad_input, grad_weight = vjp(grad_output.astype(compute))
+    grad_input, grad_weight = grad_input.astype(input.dtype), grad_weight.astype(weight.dtype)
     grad_bias = None
     if output_mask[2]:
         nd = weight.ndim - 2
