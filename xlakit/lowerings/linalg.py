@@ -31,10 +31,12 @@ return NaNs instead, since a check would cost a sync on every call.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
+import torch
 from jax import lax
 
 from ..ops import NeedsEager
@@ -358,10 +360,19 @@ def lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
 
 def _lu_as_eager(A):
     """_lu of what eager factors to solve with or take the determinant of: A^T
-    for real A, which eager factors when A is contiguous (as a lazy tensor is):
-    its LU, pivots and info are those of A^T (autograd's formulas expect that)."""
-    transposed = not jnp.iscomplexobj(A)
+    for real A where eager factors that when A is contiguous (as a lazy tensor
+    is): its LU, pivots and info are then those of A^T (autograd's formulas
+    expect that)."""
+    transposed = not jnp.iscomplexobj(A) and _eager_factors_the_transpose()
     return (*_lu(_mT(A) if transposed else A), transposed)
+
+
+@functools.cache
+def _eager_factors_the_transpose() -> bool:
+    """torch 2.9's solve factors A^T of a contiguous real A, torch 2.13's A itself:
+    asked of eager once, on a matrix whose two factorizations fail at different pivots."""
+    singular = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]])
+    return int(torch.linalg.solve_ex(singular, torch.eye(3)).info) == 2
 
 
 @lowers("aten::_linalg_solve_ex.default")

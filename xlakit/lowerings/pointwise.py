@@ -23,6 +23,7 @@ arrives rounded to the tensor's dtype where eager keeps it in float32).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -493,16 +494,23 @@ def clamp_tensor(self, min=None, max=None):
 @lowers("aten::clamp.default", "aten::clip.default", promote=True)
 def clamp(self, min=None, max=None):
     """Scalar bounds (lifted to 0-d arrays), as ATen's clamp_out: one NaN bound of
-    two makes every element NaN; a NaN bound alone is ignored."""
+    two makes every element NaN; a NaN bound alone is ignored before torch 2.13."""
     if min is None or max is None:
         bound = as_dtype(max if min is None else min, self.dtype)
         out = clamp_values(self, min, max)
-        return jnp.where(jnp.isnan(bound), self, out) if is_float(self) else out
+        ignored = is_float(self) and _nan_bound_alone_is_ignored()
+        return jnp.where(jnp.isnan(bound), self, out) if ignored else out
     out = clamp_values(self, min, max)
     if not is_float(self):
         return out
     lo, hi = as_dtype(min, self.dtype), as_dtype(max, self.dtype)
     return jnp.where(jnp.isnan(lo) | jnp.isnan(hi), jnp.full_like(out, jnp.nan), out)
+
+
+@functools.cache
+def _nan_bound_alone_is_ignored() -> bool:
+    """torch 2.9's clamp(x, min=nan) is x, torch 2.13's NaN: asked of eager once."""
+    return not torch.tensor([1.0]).clamp(min=float("nan")).isnan().item()
 
 
 @lowers("aten::clamp_min", promote=True)
