@@ -11,10 +11,19 @@ class Displayed:
     def _repr_mimebundle_(self, include=None, exclude=None):
         bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
         try:
-            bundle.update({k: v for k, v in self.widget()._repr_mimebundle_().items() if k != "text/plain"})
+            bundle.update({k: v for k, v in _widget_bundle(self.widget()).items() if k != "text/plain"})
         except ImportError:
             pass  # no ipywidgets: the static HTML stands alone
         return bundle
+
+
+def _widget_bundle(widget) -> dict:
+    """A widget's display data: ipywidgets 8 gives it; ipywidgets 7 (Colab's 7.7.1)
+    displays itself instead, with this widget-view entry."""
+    if hasattr(widget, "_repr_mimebundle_"):
+        return widget._repr_mimebundle_()
+    return {"application/vnd.jupyter.widget-view+json":
+            {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
 
 
 class StepView(Displayed):
