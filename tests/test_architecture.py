@@ -13,7 +13,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "xlakit"
 LAYERS = [
     {"version", "config", "ir", "transfer", "ops"},
     {"record", "sources", "lowerings"},
-    {"keys", "cache", "lowering"},
+    {"keys", "cache", "lowering", "analysis"},
     {"stages", "eager"},
     {"engine"},
     {"tensor"},

@@ -56,3 +56,23 @@ def test_torch_xla_unknowns_are_none():
     assert all(d.index is None and d.nbytes is None for d in record.donated)
     assert record.donated_bytes is None if record.donated else record.donated_bytes == 0
     assert w.cpu().tolist() == [3.0] * 5
+
+
+def test_memory_and_cost_come_from_the_compiled_executable(dev):
+    w = torch.randn(64, 32).to(dev)
+    x = torch.randn(16, 64).to(dev)
+    xlakit.mark_step()
+    w.add_(1.0)                  # w's buffer is overwritten: donated into the new w
+    y = x @ w
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    memory, cost = record.memory, record.cost
+    f32 = 4
+    assert memory.arguments == (64 * 32 + 16 * 64 + 1) * f32           # the 1.0 is an input too
+    roots = (64 * 32 + 16 * 32) * f32
+    assert roots <= memory.outputs <= roots + 8 * record.num_outputs    # and XLA's output tuple
+    assert memory.aliased == record.donated_bytes == 64 * 32 * f32
+    assert memory.peak >= memory.arguments + memory.outputs - memory.aliased
+    assert memory.devices == 1 and memory.device_limit is None   # the CPU says no limit
+    assert cost.flops >= 2 * 16 * 64 * 32 and cost.bytes_accessed >= memory.arguments
+    torch.testing.assert_close(y.cpu(), x.cpu() @ w.cpu())

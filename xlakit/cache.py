@@ -12,12 +12,16 @@ from pathlib import Path
 import jax
 import jax.monitoring
 
+from .record import CostInfo, MemoryInfo
+
 
 @dataclasses.dataclass
 class Entry:
     compiled: object          # jax.stages.Compiled
     key: object               # keys.Key
     hlo: str                  # optimized HLO text, for views
+    memory: MemoryInfo | None = None   # from the compiled executable (xlakit/analysis.py)
+    cost: CostInfo | None = None
     uses: int = 0             # executions so far (the engine counts them as it runs)
     # GraphInfo per metadata digest: a hit with the same metadata reuses it.
     graph_infos: dict = dataclasses.field(default_factory=dict)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import collections
 import threading
 import time
+import warnings
 
 import jax
 import torch
 
+from . import analysis
 from . import cache as cache_mod
 from . import eager, keys, lowering, ops, sources, stages, transfer
 from .config import config
@@ -280,6 +282,7 @@ class Engine:
             num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
+            memory=entry.memory, cost=entry.cost,
             cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
@@ -295,7 +298,9 @@ class Engine:
         outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
         self.counters["cache_misses"] += 1
         self.counters["persistent_cache_hits" if outcome == "persistent_hit" else "compiles"] += 1
-        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "")
+        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "",
+                                memory=analysis.memory(compiled, jax.devices()[:1]), cost=analysis.cost(compiled))
+        _warn_if_too_big(entry.memory, graph)
         self.cache.capacity = config.cache_size
         self.cache.put(key.key, entry)
         return entry, outcome, t1 - t0, t2 - t1
@@ -357,6 +362,20 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
                  f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
     return StepExecutionError(f"xlakit: the device could not run this step: {str(error).rstrip('.')}.{asked} "
                               "The tensors it would have computed keep this error; others are intact.")
+
+
+def _warn_if_too_big(memory, graph: Graph) -> None:
+    """Say before the first run that a step cannot fit, with what it holds (an OOM
+    on the device names no tensors)."""
+    if memory is None or memory.device_limit is None or memory.peak <= memory.device_limit:
+        return
+    largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
+    warnings.warn(
+        f"xlakit: this step needs {memory.peak:,} bytes per device at its peak, more than the device's "
+        f"{memory.device_limit:,} (arguments {memory.arguments:,}, outputs {memory.outputs:,}, "
+        f"temporaries {memory.temporaries:,}); largest inputs: "
+        + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
+        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", stacklevel=2)
 
 
 def _depends_on(node: Node, target: Node) -> bool:

@@ -105,6 +105,31 @@ class Timings:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryInfo:
+    """Bytes one device holds while the executable runs, from XLA's memory analysis
+    of the compiled executable (known before it runs). `aliased` are outputs written
+    into donated inputs: counted in both arguments and outputs, held once."""
+
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    peak: int
+    code: int = 0          # generated code, where the device holds it
+    devices: int = 1       # devices that each hold this much (one program per device)
+    device_limit: int | None = None   # the device's memory, where its runtime says (GPU, TPU)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostInfo:
+    """XLA's cost analysis of the compiled executable: estimates, per device."""
+
+    flops: float
+    bytes_accessed: float
+    transcendentals: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class StepRecord:
     """One execution. `trigger`, `cache` and `backend` are enums equal to their
     strings ("mark_step", "hit", "xlakit", ...), and are given as either. A value
@@ -131,6 +156,8 @@ class StepRecord:
     backend: Backend = Backend.XLAKIT
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
+    memory: MemoryInfo | None = None  # per device, from the compiled executable
+    cost: CostInfo | None = None      # per device, XLA's estimates
 
     def __post_init__(self):
         for name, kind in (("trigger", Trigger), ("cache", Cache), ("backend", Backend)):
