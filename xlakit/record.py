@@ -68,6 +68,8 @@ class NodeInfo:
     split: bool = False            # the graph was cut here (an eager fallback or a sync)
     args: str = ""                 # its arguments, operands as $0, $1, ...: constants are in the key
     partition: int | None = None   # explain's FX graphs: the executable this FX node went to
+    module: str = ""               # the module path that recorded it ("model.layers.3.self_attn"); "" at top level
+    hlo_ops: tuple[str, ...] = ()  # the optimized HLO instructions it became (names in StepRecord.hlo)
 
     def __post_init__(self):
         if not all(isinstance(o, (int, Output)) for o in self.operands):
