@@ -9,6 +9,8 @@ from .api import capture, clear_cache, device, last_step, mark_step, metrics, re
 from .config import config
 from .labels import label
 from .record import StepRecord
+from .sharding import Mesh
+from .spmd import mark_sharding, shard_module
 
 
 def explain(fn, *args, **kwargs):
@@ -21,6 +23,15 @@ def explain(fn, *args, **kwargs):
     return BreakView.of(run(fn, *args, **kwargs))
 
 
+def sharding_view(step: StepRecord | None = None):
+    """How the inputs and outputs of `step` (default: the last) are laid out over
+    the mesh, per dim and device; its collectives and memory per device. Shows
+    itself as text and HTML."""
+    from .notebook.sharding_view import ShardingView
+
+    return ShardingView(step if step is not None else last_step())
+
+
 def load_ipython_extension(ipython) -> None:
     """`%load_ext xlakit`: registers the %%xla_step and %xla_history magics."""
     from .notebook import load_ipython_extension as load
@@ -29,4 +40,5 @@ def load_ipython_extension(ipython) -> None:
 
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
-           "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord"]
+           "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
+           "shard_module", "sharding_view"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 import jax.monitoring
 
-from .record import CostInfo, MemoryInfo
+from .record import Collective, CostInfo, MemoryInfo, ShardingInfo
 
 
 @dataclasses.dataclass
@@ -22,6 +22,8 @@ class Entry:
     hlo: str                  # optimized HLO text, for views
     memory: MemoryInfo | None = None   # from the compiled executable (xlakit/analysis.py)
     cost: CostInfo | None = None
+    shardings: ShardingInfo | None = None   # None: one device
+    collectives: tuple[Collective, ...] = ()
     uses: int = 0             # executions so far (the engine counts them as it runs)
     # GraphInfo per metadata digest: a hit with the same metadata reuses it.
     graph_infos: dict = dataclasses.field(default_factory=dict)

@@ -16,7 +16,7 @@ import torch
 
 from . import analysis
 from . import cache as cache_mod
-from . import eager, keys, lowering, ops, sources, stages, transfer
+from . import eager, keys, lowering, ops, sharding, sources, stages, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings
@@ -216,12 +216,13 @@ class Engine:
         -> run -> StepRecord. Returns (cache entry, graph)."""
         planned = stages.plan(stages.cut(targets, live, full=full), live, full=full, donate=config.donate)
         graph, donors = planned.graph, planned.donors
+        placement = sharding.plan(graph, donors)
         flags = keys.compile_flags(lowering.matmul_precision(), lowering.LOWERING_VERSION)
-        key = keys.compute_key(graph, donors, flags)
-        entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags)
+        key = keys.compute_key(graph, donors, flags, placement)
+        entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags, placement)
 
         t3 = time.perf_counter()
-        outputs = self._run(entry, [p.array for p in graph.params], graph)
+        outputs = self._run(entry, sharding.arguments(graph, placement, transfer.place), graph)
         execute_s = time.perf_counter() - t3
 
         donated = []
@@ -239,7 +240,7 @@ class Engine:
                                             execute=execute_s, waited=config.wait_for_execution))
         return entry, graph
 
-    def _executable(self, graph: Graph, donors, key: keys.Key, flags):
+    def _executable(self, graph: Graph, donors, key: keys.Key, flags, placement):
         """The cached executable for `key`, or a new one. On a miss, what differs
         from the closest cached key is explained here, once.
         Returns (entry, outcome, lower seconds, compile seconds, changed, why)."""
@@ -248,7 +249,7 @@ class Engine:
             self.counters["cache_hits"] += 1
             return entry, "hit", 0.0, 0.0, (), ()
         closest = self._closest(key)
-        entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags)
+        entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags, placement)
         changed, why = (), ()
         if closest is not None:
             changed = tuple(keys.diff(key.components, closest.key.components))
@@ -282,15 +283,15 @@ class Engine:
             num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
-            memory=entry.memory, cost=entry.cost,
+            memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
             cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
         self.trace_seconds = 0.0
 
-    def _compile(self, graph: Graph, donors, key: keys.Key, flags):
+    def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
         t0 = time.perf_counter()
-        lowered = lowering.lower(graph, donors, flags["matmul_precision"])
+        lowered = lowering.lower(graph, donors, flags["matmul_precision"], placement)
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()
@@ -298,8 +299,11 @@ class Engine:
         outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
         self.counters["cache_misses"] += 1
         self.counters["persistent_cache_hits" if outcome == "persistent_hit" else "compiles"] += 1
-        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=compiled.as_text() or "",
-                                memory=analysis.memory(compiled, jax.devices()[:1]), cost=analysis.cost(compiled))
+        hlo = compiled.as_text() or ""
+        devices = jax.devices()[:1] if placement is None else placement.devices()
+        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, memory=analysis.memory(compiled, devices),
+                                cost=analysis.cost(compiled), collectives=analysis.collectives(hlo),
+                                shardings=None if placement is None else sharding.describe(placement, compiled, graph))
         _warn_if_too_big(entry.memory, graph)
         self.cache.capacity = config.cache_size
         self.cache.put(key.key, entry)
@@ -395,7 +399,7 @@ def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
     """The entry's GraphInfo for this metadata; built once per (key, metadata)."""
     info = entry.graph_infos.get(key.metadata_digest)
     if info is None:
-        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors)
+        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors, entry.shardings)
     return info
 
 
@@ -405,15 +409,16 @@ def _arguments(template) -> str:
     return ", ".join([*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs)])
 
 
-def _graph_info(graph: Graph, donors) -> GraphInfo:
+def _graph_info(graph: Graph, donors, shardings) -> GraphInfo:
     donor_set = set(donors)
+    placed = ["one device"] * len(graph.params) if shardings is None else [t.spec for t in shardings.inputs]
     return GraphInfo(
         nodes=tuple(
             NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source,
                      args=_arguments(n.template))
             for n, w in zip(graph.nodes, graph.wiring)
         ),
-        params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set)
+        params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set, sharding=placed[i])
                      for i, p in enumerate(graph.params)),
         roots=tuple(graph.roots),
     )

@@ -14,9 +14,10 @@ from functools import lru_cache
 
 from . import sources
 from .ir import Graph, digest
+from .sharding import MARK_SHARDING_NAME, Placement
 from .version import __version__
 
-COMPONENTS = ("graph", "inputs", "donors", "backend", "flags")
+COMPONENTS = ("graph", "inputs", "donors", "backend", "flags", "shardings")
 
 # XLA flags that only dump or log: they change no compiled code.
 _DEBUG_FLAG = re.compile(r"^--xla_(dump|log|debug|hlo_profile|.*_dump_)")
@@ -44,13 +45,16 @@ def metadata_bytes(graph: Graph) -> bytes:
     return marshal.dumps((sources, [p.label for p in graph.params]), 2)
 
 
-def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str]) -> Key:
+def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str],
+                placement: Placement | None = None) -> Key:
+    """`placement`: where the graph runs on a mesh (sharding.plan); None: on one device."""
     components = {
         "graph": digest(graph_bytes(graph)),
         "inputs": digest(" ".join(map(str, graph.param_avals)).encode()),
         "donors": digest(repr(tuple(sorted(donors))).encode()),
         "backend": _backend_digest(),
         "flags": digest(repr(sorted(flags.items())).encode()),
+        "shardings": digest(b"one device" if placement is None else placement.key_bytes(graph)),
     }
     key = digest(*(f"{name}={value}".encode() for name, value in components.items()))
     return Key(components=components, metadata_digest=digest(metadata_bytes(graph)), key=key)
@@ -122,8 +126,21 @@ def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph,
         now = [i for i, p in enumerate(new_graph.params) if p.donated]
         was = [i for i, p in enumerate(old_graph.params) if p.donated]
         lines.append(f"donated inputs now {now}, was {was}")
+    if "shardings" in changed:
+        lines += _sharding_differences(new_graph, old_graph, limit)
     lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
     return lines
+
+
+def _sharding_differences(new_graph, old_graph, limit: int) -> list[str]:
+    """Which input's sharding, or which mark_sharding in the graph, changed, from what to what."""
+    lines = [f"input {i}{f' ({a.label})' if a.label else ''} sharding now {a.sharding}, was {b.sharding}"
+             for i, (a, b) in enumerate(zip(new_graph.params, old_graph.params)) if a.sharding != b.sharding]
+    lines += [f"node %{i} {a.op} now ({a.args}){_at(a.source)}, was ({b.args})"
+              for i, (a, b) in enumerate(zip(new_graph.nodes, old_graph.nodes))
+              if a.op == b.op == MARK_SHARDING_NAME and a.args != b.args]
+    return lines[:limit] or ["the same partition specs: the mesh (shape, axis names or device order) or an "
+                             "output's requested sharding differs"]
 
 
 def _differences(what: str, new: list, old: list, limit: int) -> list[str]:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import torch
 import torch._decomp
 
-from . import lowerings, ops, sources
+from . import lowerings, ops, sharding, sources
 from .ir import Aval, Graph, Node, fill
 from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
@@ -191,8 +191,10 @@ def _replay(graph: Graph, *params):
     outputs: list[list] = []
     for node, wires in zip(graph.nodes, graph.wiring):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
-        results = _lower_node(node, operands)
-        outputs.append(results)
+        if node.op is sharding.MARK_SHARDING:
+            outputs.append(sharding.constrain(node, operands))
+        else:
+            outputs.append(_lower_node(node, operands))
     return tuple(outputs[n][i] for n, i in graph.roots)
 
 
@@ -231,12 +233,15 @@ def _lower_node(node: Node, operands: list) -> list:
     return arrays
 
 
-def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str):
-    """Trace and lower to StableHLO; returns jax's Lowered object."""
+def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
+          placement: sharding.Placement | None = None):
+    """Trace and lower to StableHLO; returns jax's Lowered object. With a
+    placement, for its mesh: GSPMD/Shardy propagate the shardings it gives."""
     # keep_unused: every graph input stays an executable parameter, so the
     # executable's signature is exactly the graph's (JAX would prune inputs
     # that only lend their shape, e.g. to zeros_like)
-    fn = jax.jit(functools.partial(_replay, graph), donate_argnums=donors, keep_unused=True)
+    on_mesh = {} if placement is None else dict(in_shardings=placement.inputs, out_shardings=placement.outputs)
+    fn = jax.jit(functools.partial(_replay, graph), donate_argnums=donors, keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
         return fn.lower(*(shape_dtype(a) for a in graph.param_avals))
 

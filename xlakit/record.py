@@ -82,6 +82,7 @@ class ParamInfo:
     aval: str | None      # None: unknown
     label: str | None
     donated: bool
+    sharding: str = ""    # its placement, in the key: "one device", "replicated", "('data', None)"; "": unknown
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +133,58 @@ class CostInfo:
 
 
 @dataclasses.dataclass(frozen=True)
+class MeshInfo:
+    """The devices an executable runs on, as a mesh of named axes."""
+
+    shape: tuple[int, ...]          # devices along each axis
+    axis_names: tuple[str, ...]
+    devices: tuple[int, ...]        # device ids, row-major over the mesh
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSharding:
+    """How one input or output of an executable is laid out over the mesh."""
+
+    aval: str                       # the whole tensor, "f32[8,16]"
+    shape: tuple[int, ...]
+    axes: tuple[tuple[str, ...], ...] | None  # per dim, the mesh axes it is split over (() = whole);
+    #                                           None: a layout mesh axes do not describe (see `spec`)
+    spec: str                       # "('data', None)", "replicated", or XLA's notation
+    shard_shape: tuple[int, ...]    # the piece each device holds
+    nbytes: int                     # the whole tensor's bytes
+    shard_bytes: int                # the bytes each device holds
+
+    @property
+    def replicated(self) -> bool:
+        """Whole on every device of the mesh."""
+        return self.spec == "replicated"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingInfo:
+    """The executable's input and output shardings after propagation (GSPMD/Shardy)."""
+
+    mesh: MeshInfo
+    inputs: tuple[TensorSharding, ...]
+    outputs: tuple[TensorSharding, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """One collective in the optimized HLO: what it moves, per device."""
+
+    op: str                         # all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute
+    name: str                       # the HLO instruction ("all-reduce.1")
+    shape: str                      # its result on one device ("f32[16,16]")
+    nbytes: int                     # bytes of that result
+    group_size: int | None          # devices in each group (pairs for collective-permute); None: unknown
+
+
+@dataclasses.dataclass(frozen=True)
 class StepRecord:
     """One execution. `trigger`, `cache` and `backend` are enums equal to their
     strings ("mark_step", "hit", "xlakit", ...), and are given as either. A value
@@ -160,6 +213,8 @@ class StepRecord:
     source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
     memory: MemoryInfo | None = None  # per device, from the compiled executable
     cost: CostInfo | None = None      # per device, XLA's estimates
+    shardings: ShardingInfo | None = None  # None: the step ran on one device
+    collectives: tuple[Collective, ...] = ()  # in the optimized HLO
 
     def __post_init__(self):
         for name, kind in (("trigger", Trigger), ("cache", Cache), ("backend", Backend)):
@@ -195,6 +250,7 @@ def text(record: StepRecord, name: str | None = None, changed: Collection[str] =
                  f"{'  *changed*' if 'metadata' in changed else ''}")
     lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
     lines += [f"  donation: {line}" for line in donation_lines(record)]
+    lines += [f"  sharding: {line}" for line in sharding_lines(record)]
     return "\n".join(lines)
 
 
@@ -232,6 +288,25 @@ def donation_lines(record: StepRecord) -> list[str]:
               for d in record.donated if d.index is not None]  # torch_xla says how many, not which
     if record.donation_note:
         lines.append(f"  not donated: {record.donation_note}")
+    return lines
+
+
+def sharding_lines(record: StepRecord) -> list[str]:
+    """Mesh, how many inputs and outputs are split, memory per device and collectives; none on one device."""
+    info = record.shardings
+    if info is None:
+        return []
+    mesh = info.mesh
+    axes = ", ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.shape))
+    split = [sum(not t.replicated for t in group) for group in (info.inputs, info.outputs)]
+    lines = [f"mesh ({axes}) over {mesh.size} devices; split: {split[0]} of {len(info.inputs)} inputs, "
+             f"{split[1]} of {len(info.outputs)} outputs (the rest replicated)"]
+    if record.memory is not None:
+        lines.append(f"per device: peak {human_bytes(record.memory.peak)}, "
+                     f"arguments {human_bytes(record.memory.arguments)}")
+    counts = collections.Counter(c.op for c in record.collectives)
+    lines.append("collectives: " + (", ".join(f"{n} {op}" for op, n in sorted(counts.items())) or "none")
+                 + (f", {human_bytes(sum(c.nbytes for c in record.collectives))}" if counts else ""))
     return lines
 
 

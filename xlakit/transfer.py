@@ -1,4 +1,4 @@
-"""Moving tensor data between host torch tensors and device jax arrays."""
+"""Moving tensor data between host torch tensors and device jax arrays, and between placements."""
 from __future__ import annotations
 
 import jax
@@ -19,8 +19,22 @@ def to_device(t: torch.Tensor) -> jax.Array:
 
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
+    if not array.is_fully_addressable and not array.is_fully_replicated:
+        # split over several processes' devices: every process takes part (as it runs the same program)
+        from jax.experimental import multihost_utils
+        array = multihost_utils.process_allgather(array, tiled=True)
     host = np.array(array)  # a copy: torch must own writable memory
     if dtype in _BITS:
         bits, _ = _BITS[dtype]
         return torch.from_numpy(host.view(np.uint16)).view(bits).view(dtype)
     return torch.from_numpy(host).to(dtype)
+
+
+def place(array: jax.Array, sharding) -> jax.Array:
+    """`array`'s value with `sharding` (JAX moves it). Across processes, device
+    data one process holds (made from host data, which is the same in each
+    process of one program) is laid out from that host copy."""
+    if sharding.is_fully_addressable or not array.is_fully_addressable:
+        return jax.device_put(array, sharding)
+    host = np.asarray(array)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])

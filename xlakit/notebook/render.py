@@ -10,7 +10,7 @@ import html
 from .. import keys
 from .. import record as record_text
 from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
-from . import graph_svg
+from . import graph_svg, sharding_view
 
 STYLE = """<style>
 .xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
@@ -60,6 +60,7 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
         ("Donation", "<h4>Donation</h4>" + donation_table(record)),
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
+        *sharding_view.sections(record),
     ]
     if hlo:
         sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))

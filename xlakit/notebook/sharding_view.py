@@ -1,0 +1,255 @@
+"""How a step's inputs and outputs lie on the mesh: an N-D device grid per tensor
+(any number of dims; JAX's visualize_array_sharding draws 1-D and 2-D only),
+the collectives XLA inserted, memory per device, and a warning for each large
+tensor that is whole on every device. Plain text and static HTML, from the
+StepRecord alone.
+"""
+from __future__ import annotations
+
+import collections
+import html
+import itertools
+import math
+
+from ..record import MeshInfo, StepRecord, TensorSharding, human_bytes
+
+# A tensor at least this big, whole on every device of a mesh, is worth a warning.
+LARGE_BYTES = 1 << 20
+# Grids drawn per tensor: a tensor split along many leading dims has one per leading block.
+MAX_GRIDS = 16
+
+STYLE = """<style>
+.xlakit-sharding table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
+.xlakit-sharding td,.xlakit-sharding th{border:1px solid #ccc;padding:2px 6px;text-align:left}
+.xlakit-sharding table.grid td{text-align:center;min-width:42px}
+.xlakit-sharding .warn{color:#a50e0e}.xlakit-sharding .grids{display:flex;flex-wrap:wrap;gap:8px}
+.xlakit-sharding h4{margin:8px 0 2px 0}.xlakit-sharding .note{color:#666;font-size:11px}
+</style>"""
+_COLORS = ["#e8f0fe", "#fce8e6", "#e6f4ea", "#fef7e0", "#f3e8fd", "#e4f7fb", "#fde7f3", "#eceff1"]
+
+
+def blocks(mesh: MeshInfo, axes: tuple[tuple[str, ...], ...]) -> dict[tuple[int, ...], list[int]]:
+    """Per block of the tensor (its index along each dim), the ids of the devices that hold it.
+    A dim split over mesh axes (a, b) is cut into size(a) * size(b) blocks, a major."""
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    held: dict[tuple[int, ...], list[int]] = {}
+    for device, coords in zip(mesh.devices, itertools.product(*(range(n) for n in mesh.shape))):
+        at = dict(zip(mesh.axis_names, coords))
+        block = []
+        for dim_axes in axes:
+            index = 0
+            for a in dim_axes:
+                index = index * sizes[a] + at[a]
+            block.append(index)
+        held.setdefault(tuple(block), []).append(device)
+    return held
+
+
+def pieces(mesh: MeshInfo, axes: tuple[tuple[str, ...], ...]) -> tuple[int, ...]:
+    """Blocks along each dim."""
+    sizes = dict(zip(mesh.axis_names, mesh.shape))
+    return tuple(math.prod(sizes[a] for a in dim_axes) for dim_axes in axes)
+
+
+def large_replicated(record: StepRecord, large: int = LARGE_BYTES) -> list[str]:
+    """A warning per tensor of at least `large` bytes that is whole on every device."""
+    info = record.shardings
+    if info is None or info.mesh.size < 2:
+        return []
+    return [f"{name} {t.aval} ({human_bytes(t.nbytes)}) is replicated: each of the {info.mesh.size} devices holds "
+            f"all of it; mark_sharding it (or xlakit.shard_module) to split it"
+            for name, t in _named(record) if t.replicated and t.nbytes >= large]
+
+
+def _named(record: StepRecord) -> list[tuple[str, TensorSharding]]:
+    info = record.shardings
+    params, nodes = record.graph.params, record.graph.nodes
+    named = []
+    for i, t in enumerate(info.inputs):
+        label = params[i].label if i < len(params) else None
+        named.append((f"input {i}" + (f" {label}" if label else ""), t))
+    for k, t in enumerate(info.outputs):
+        root = record.graph.roots[k] if k < len(record.graph.roots) else None
+        made = f" (%{root.node} {nodes[root.node].op})" if root is not None and root.node < len(nodes) else ""
+        named.append((f"output {k}{made}", t))
+    return named
+
+
+# -- text -------------------------------------------------------------------------
+def text(record: StepRecord, large: int = LARGE_BYTES) -> str:
+    info = record.shardings
+    if info is None:
+        return f"step {record.index}: one device, nothing sharded"
+    mesh = info.mesh
+    lines = [f"step {record.index}: mesh ({_axes_text(mesh)}), devices {list(mesh.devices)}"]
+    lines += [f"  WARNING: {w}" for w in large_replicated(record, large)]
+    for name, t in _named(record):
+        lines.append(f"  {name} {t.aval} {t.spec}: {human_bytes(t.shard_bytes)} per device")
+        if t.axes is None or t.replicated:
+            continue
+        counts = pieces(mesh, t.axes)
+        for dim, (size, dim_axes, n) in enumerate(zip(t.shape, t.axes, counts)):
+            lines.append(f"    dim {dim} ({size}): " + (f"split {n} ways over {'x'.join(dim_axes)}, "
+                                                        f"{size // n} each" if dim_axes else "whole"))
+        for block, devices in sorted(blocks(mesh, t.axes).items()):
+            lines.append(f"    block [{', '.join(str(b) if n > 1 else ':' for b, n in zip(block, counts))}] "
+                         f"on devices {devices}")
+    lines += ["  " + line for line in _collective_lines(record)]
+    lines += ["  " + line for line in _memory_lines(record)]
+    return "\n".join(lines)
+
+
+def _collective_lines(record: StepRecord) -> list[str]:
+    if not record.collectives:
+        return ["collectives: none (every device computes its part alone)"]
+    lines = [f"collectives: {len(record.collectives)}, "
+             f"{human_bytes(sum(c.nbytes for c in record.collectives))} per device"]
+    for op, found in _by_op(record).items():
+        groups = sorted({c.group_size for c in found if c.group_size is not None})
+        lines.append(f"  {op} x{len(found)}: {human_bytes(sum(c.nbytes for c in found))}"
+                     + (f", groups of {'/'.join(map(str, groups))}" if groups else ""))
+    return lines
+
+
+def _memory_lines(record: StepRecord) -> list[str]:
+    m = record.memory
+    if m is None:
+        return ["memory: the backend does not report it"]
+    return [f"memory per device (x{m.devices}): peak {human_bytes(m.peak)}, arguments {human_bytes(m.arguments)}, "
+            f"outputs {human_bytes(m.outputs)}, aliased {human_bytes(m.aliased)}, "
+            f"temporaries {human_bytes(m.temporaries)}"]
+
+
+def _by_op(record: StepRecord) -> dict[str, list]:
+    found = collections.defaultdict(list)
+    for c in record.collectives:
+        found[c.op].append(c)
+    return dict(sorted(found.items()))
+
+
+# -- HTML ---------------------------------------------------------------------------
+def html_view(record: StepRecord, large: int = LARGE_BYTES) -> str:
+    if record.shardings is None:
+        return _wrap(f"<div>step {record.index}: one device, nothing sharded</div>")
+    return _wrap(_tensors_html(record, large) + _collectives_html(record) + _memory_html(record))
+
+
+def sections(record: StepRecord, large: int = LARGE_BYTES) -> list[tuple[str, str]]:
+    """(title, html) for the step view's tabs; none for a step on one device."""
+    if record.shardings is None:
+        return []
+    return [("Sharding", _wrap(_tensors_html(record, large))),
+            ("Collectives and memory", _wrap(_collectives_html(record) + _memory_html(record)))]
+
+
+def _wrap(body: str) -> str:
+    return f'{STYLE}<div class="xlakit-sharding">{body}</div>'
+
+
+def _tensors_html(record: StepRecord, large: int) -> str:
+    info = record.shardings
+    mesh = info.mesh
+    parts = [f"<h4>Mesh ({html.escape(_axes_text(mesh))})</h4>", _mesh_grid(mesh)]
+    parts += [f'<div class="warn">&#9888; {html.escape(w)}</div>' for w in large_replicated(record, large)]
+    rows = []
+    for name, t in _named(record):
+        rows.append(f"<tr><td>{html.escape(name)}</td><td>{t.aval}</td><td>{html.escape(t.spec)}</td>"
+                    f"<td>{human_bytes(t.shard_bytes)}</td><td>{_tensor_grids(mesh, t)}</td></tr>")
+    parts.append("<h4>Inputs and outputs</h4><table><tr><th>tensor</th><th>shape</th><th>spec</th>"
+                 "<th>per device</th><th>blocks: devices holding each</th></tr>" + "".join(rows) + "</table>")
+    return "".join(parts)
+
+
+def _mesh_grid(mesh: MeshInfo) -> str:
+    """The mesh itself: device ids on a grid of its last two axes, one grid per index of the others."""
+    shape = mesh.shape if len(mesh.shape) >= 2 else (1, *mesh.shape)
+    rows, cols = shape[-2], shape[-1]
+    per_grid = rows * cols
+    grids = []
+    for g in range(len(mesh.devices) // per_grid):
+        ids = mesh.devices[g * per_grid:(g + 1) * per_grid]
+        body = "".join("<tr>" + "".join(f"<td>{ids[r * cols + c]}</td>" for c in range(cols)) + "</tr>"
+                       for r in range(rows))
+        grids.append(f'<table class="grid">{body}</table>')
+    names = mesh.axis_names[-2:] if len(mesh.axis_names) >= 2 else ("", *mesh.axis_names)
+    note = f'<div class="note">rows: {html.escape(names[0] or "-")}, columns: {html.escape(names[1])}</div>'
+    return f'<div class="grids">{"".join(grids)}</div>{note}'
+
+
+def _tensor_grids(mesh: MeshInfo, t: TensorSharding) -> str:
+    """One grid per block of the leading dims; rows and columns: blocks of the last two dims.
+    Each cell lists the devices holding that block, colored by block."""
+    if t.axes is None:
+        return f'<span class="note">{html.escape(t.spec)}</span>'
+    if t.replicated:
+        return f'<span class="note">whole on all {mesh.size} devices</span>'
+    held = blocks(mesh, t.axes)
+    counts = pieces(mesh, t.axes)
+    if len(counts) < 2:
+        counts = (1, *counts)
+        held = {(0, *b): d for b, d in held.items()}
+    lead, (rows, cols) = counts[:-2], counts[-2:]
+    grids = []
+    for n, outer in enumerate(itertools.product(*(range(c) for c in lead))):
+        if n == MAX_GRIDS:
+            grids.append(f'<span class="note">... {math.prod(lead) - MAX_GRIDS} more</span>')
+            break
+        body = ""
+        for r in range(rows):
+            cells = []
+            for c in range(cols):
+                block = (*outer, r, c)
+                color = _COLORS[_block_number(block, counts) % len(_COLORS)]
+                cells.append(f'<td style="background:{color}">{" ".join(map(str, held.get(block, [])))}</td>')
+            body += "<tr>" + "".join(cells) + "</tr>"
+        title = f'<div class="note">[{", ".join(map(str, outer))}, :, :]</div>' if lead else ""
+        grids.append(f"<div>{title}<table class=\"grid\">{body}</table></div>")
+    return f'<div class="grids">{"".join(grids)}</div>'
+
+
+def _block_number(block: tuple[int, ...], counts: tuple[int, ...]) -> int:
+    """The block's row-major number: its color."""
+    index = 0
+    for b, n in zip(block, counts):
+        index = index * n + b
+    return index
+
+
+def _collectives_html(record: StepRecord) -> str:
+    if not record.collectives:
+        return "<h4>Collectives</h4><div>none: every device computes its part alone</div>"
+    rows = "".join(f"<tr><td>{op}</td><td>{len(found)}</td><td>{human_bytes(sum(c.nbytes for c in found))}</td>"
+                   f"<td>{html.escape(', '.join(f'{c.name} {c.shape}' for c in found[:6]))}"
+                   f"{' ...' if len(found) > 6 else ''}</td></tr>" for op, found in _by_op(record).items())
+    return ("<h4>Collectives (optimized HLO, per device)</h4><table><tr><th>op</th><th>count</th><th>bytes</th>"
+            f"<th>instructions</th></tr>{rows}</table>")
+
+
+def _memory_html(record: StepRecord) -> str:
+    m = record.memory
+    if m is None:
+        return "<h4>Memory per device</h4><div>the backend does not report it</div>"
+    rows = [("arguments", m.arguments), ("outputs", m.outputs), ("aliased (donated)", m.aliased),
+            ("temporaries", m.temporaries), ("peak", m.peak)]
+    body = "".join(f"<tr><td>{k}</td><td>{human_bytes(v)}</td><td>{human_bytes(v * m.devices)}</td></tr>"
+                   for k, v in rows)
+    limit = f"<div>device memory {human_bytes(m.device_limit)}</div>" if m.device_limit else ""
+    return (f"<h4>Memory per device ({m.devices} devices)</h4><table><tr><th></th><th>per device</th>"
+            f"<th>all devices</th></tr>{body}</table>{limit}")
+
+
+def _axes_text(mesh: MeshInfo) -> str:
+    return ", ".join(f"{n}={s}" for n, s in zip(mesh.axis_names, mesh.shape))
+
+
+class ShardingView:
+    """A step's sharding view; shows itself as text and HTML (`xlakit.sharding_view()`)."""
+
+    def __init__(self, record: StepRecord, large: int = LARGE_BYTES):
+        self.record, self.large = record, large
+
+    def __repr__(self) -> str:
+        return text(self.record, self.large)
+
+    def _repr_html_(self) -> str:
+        return html_view(self.record, self.large)
