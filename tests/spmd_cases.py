@@ -355,7 +355,6 @@ def mlp_for_torch_xla() -> dict:
     for name, spec in marks.items():
         xlakit.mark_sharding(tensors[name], mesh, spec)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    compiles = xlakit.metrics()["compiles"] + xlakit.metrics()["persistent_cache_hits"]
     losses, records = [], []
     for _ in range(3):
         opt.zero_grad()
@@ -375,39 +374,4 @@ def mlp_for_torch_xla() -> dict:
     specs = {name: records[-1].shardings.inputs[labels.index(name)].spec for name in tensors if name in labels}
     specs["x"] = records[-1].shardings.inputs[[p.aval for p in records[-1].graph.params].index("f32[8,16]")].spec
     return {"losses": losses, "params": {n: p.detach().cpu().tolist() for n, p in model.named_parameters()},
-            "compiles": xlakit.metrics()["compiles"] + xlakit.metrics()["persistent_cache_hits"] - compiles,
-            "cache": [r.cache.value for r in records], "shards": shards, "specs": specs}
-
-
-def step_times(width: int = 1024, steps: int = 10) -> dict:
-    """ms per training step of one MLP on 1 device, data parallel and weight-sharded on 8 (bench/)."""
-    import time
-    results = {}
-    for layout in ("one device", "data parallel", "weight-sharded"):
-        dev = _dev()
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[m for _ in range(3) for m in (torch.nn.Linear(width, width),
-                                                                   torch.nn.ReLU())]).to(dev)
-        x, y = torch.randn(64, width).to(dev), torch.randn(64, width).to(dev)
-        mesh = xlakit.Mesh((8,), ("data",))
-        if layout != "one device":
-            _split_batch(mesh)(model, (x, y))
-        if layout == "weight-sharded":
-            xlakit.shard_module(model, mesh, "data")
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-            xlakit.mark_step()
-            xlakit.wait()
-            times.append(time.perf_counter() - start)
-        record = xlakit.last_step()
-        results[layout] = {"ms": sorted(times[2:])[len(times[2:]) // 2] * 1e3,
-                           "peak": record.memory.peak, "devices": record.memory.devices,
-                           "collectives": {op: sum(c.nbytes for c in record.collectives if c.op == op)
-                                           for op in sorted({c.op for c in record.collectives})}}
-        del model, opt, x, y
-    return results
+            "compiles": sum(r.cache != "hit" for r in records), "shards": shards, "specs": specs}
