@@ -55,6 +55,7 @@ bench: venv
 	.venv/bin/python bench/render.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/compiled.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/training.py
+	.venv/bin/python bench/sharding.py
 
 fuzz: venv
 	XLAKIT_FUZZ_EXAMPLES=$${XLAKIT_FUZZ_EXAMPLES:-2000} XLAKIT_FUZZ_RANDOM=1 .venv/bin/python -m pytest -q tests/test_fuzz.py

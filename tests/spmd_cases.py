@@ -329,10 +329,11 @@ def views() -> dict:
     record = xlakit.last_step()
     text = repr(xlakit.sharding_view(record))
     assert "mesh (data=2, model=4), devices [0, 1, 2, 3, 4, 5, 6, 7]" in text, text
-    assert "block [1, :, 3] on devices [7]" in text and "dim 2 (8): split 4 ways over model, 2 each" in text, text
-    warnings = sharding_view.large_replicated(record)
-    assert len(warnings) == 1 and warnings[0].startswith("input 1 big f32[512,1024] (2.0 MiB) is replicated"), \
-        warnings
+    assert "f32[4,4,8] ('data', None, 'model'): 64 B per device; blocks 2x1x4: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7" \
+        in text, text
+    assert sharding_view.large_replicated(record) == ["input 1 big f32[512,1024]"]
+    assert "WARNING: 1 tensor(s) of 1.0 MiB or more are replicated, whole on each of the 8 devices: input 1 big" \
+        in text, text
     html = xlakit.sharding_view(record)._repr_html_()
     assert html.count('<table class="grid">') == 1 + 2, html  # the mesh's grid, and x's two [i, :, :] grids
     assert "all-reduce" in html and "Memory per device (8 devices)" in html

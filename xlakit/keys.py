@@ -126,21 +126,24 @@ def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph,
         now = [i for i, p in enumerate(new_graph.params) if p.donated]
         was = [i for i, p in enumerate(old_graph.params) if p.donated]
         lines.append(f"donated inputs now {now}, was {was}")
-    if "shardings" in changed:
-        lines += _sharding_differences(new_graph, old_graph, limit)
+    if "shardings" in changed and len(new_graph.params) == len(old_graph.params):
+        lines += _sharding_differences(new_graph, old_graph, limit, alone=not {"graph", "inputs"} & set(changed))
     lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
     return lines
 
 
-def _sharding_differences(new_graph, old_graph, limit: int) -> list[str]:
-    """Which input's sharding, or which mark_sharding in the graph, changed, from what to what."""
+def _sharding_differences(new_graph, old_graph, limit: int, alone: bool) -> list[str]:
+    """Which input's sharding, or which mark_sharding in the graph, changed, from what to what.
+    `alone`: nothing but shardings changed, so the same specs mean the mesh or an output differs."""
     lines = [f"input {i}{f' ({a.label})' if a.label else ''} sharding now {a.sharding}, was {b.sharding}"
              for i, (a, b) in enumerate(zip(new_graph.params, old_graph.params)) if a.sharding != b.sharding]
     lines += [f"node %{i} {a.op} now ({a.args}){_at(a.source)}, was ({b.args})"
               for i, (a, b) in enumerate(zip(new_graph.nodes, old_graph.nodes))
               if a.op == b.op == MARK_SHARDING_NAME and a.args != b.args]
-    return lines[:limit] or ["the same partition specs: the mesh (shape, axis names or device order) or an "
-                             "output's requested sharding differs"]
+    if lines or not alone:
+        return lines[:limit]
+    return ["the same partition specs: the mesh (shape, axis names or device order) or an output's requested "
+            "sharding differs"]
 
 
 def _differences(what: str, new: list, old: list, limit: int) -> list[str]:

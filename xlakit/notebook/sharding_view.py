@@ -17,11 +17,14 @@ from ..record import MeshInfo, StepRecord, TensorSharding, human_bytes
 LARGE_BYTES = 1 << 20
 # Grids drawn per tensor: a tensor split along many leading dims has one per leading block.
 MAX_GRIDS = 16
+# Blocks listed per tensor in the text view.
+MAX_BLOCKS = 64
 
 STYLE = """<style>
 .xlakit-sharding table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
-.xlakit-sharding td,.xlakit-sharding th{border:1px solid #ccc;padding:2px 6px;text-align:left}
-.xlakit-sharding table.grid td{text-align:center;min-width:42px}
+.xlakit-sharding td,.xlakit-sharding th{border:1px solid #ccc;padding:2px 6px;text-align:left!important}
+.xlakit-sharding table{margin-left:0!important}
+.xlakit-sharding table.grid td{text-align:center!important;min-width:22px;padding:0 4px;font-size:10px;line-height:13px}
 .xlakit-sharding .warn{color:#a50e0e}.xlakit-sharding .grids{display:flex;flex-wrap:wrap;gap:8px}
 .xlakit-sharding h4{margin:8px 0 2px 0}.xlakit-sharding .note{color:#666;font-size:11px}
 </style>"""
@@ -52,13 +55,20 @@ def pieces(mesh: MeshInfo, axes: tuple[tuple[str, ...], ...]) -> tuple[int, ...]
 
 
 def large_replicated(record: StepRecord, large: int = LARGE_BYTES) -> list[str]:
-    """A warning per tensor of at least `large` bytes that is whole on every device."""
+    """The inputs and outputs of at least `large` bytes that are whole on every device of a mesh."""
     info = record.shardings
     if info is None or info.mesh.size < 2:
         return []
-    return [f"{name} {t.aval} ({human_bytes(t.nbytes)}) is replicated: each of the {info.mesh.size} devices holds "
-            f"all of it; mark_sharding it (or xlakit.shard_module) to split it"
-            for name, t in _named(record) if t.replicated and t.nbytes >= large]
+    return [f"{name} {t.aval}" for name, t in _named(record) if t.replicated and t.nbytes >= large]
+
+
+def _warning(record: StepRecord, large: int) -> str | None:
+    found = large_replicated(record, large)
+    if not found:
+        return None
+    shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    return (f"{len(found)} tensor(s) of {human_bytes(large)} or more are replicated, whole on each of the "
+            f"{record.shardings.mesh.size} devices: {shown}. Split them with mark_sharding or xlakit.shard_module.")
 
 
 def _named(record: StepRecord) -> list[tuple[str, TensorSharding]]:
@@ -82,21 +92,41 @@ def text(record: StepRecord, large: int = LARGE_BYTES) -> str:
         return f"step {record.index}: one device, nothing sharded"
     mesh = info.mesh
     lines = [f"step {record.index}: mesh ({_axes_text(mesh)}), devices {list(mesh.devices)}"]
-    lines += [f"  WARNING: {w}" for w in large_replicated(record, large)]
-    for name, t in _named(record):
-        lines.append(f"  {name} {t.aval} {t.spec}: {human_bytes(t.shard_bytes)} per device")
-        if t.axes is None or t.replicated:
-            continue
-        counts = pieces(mesh, t.axes)
-        for dim, (size, dim_axes, n) in enumerate(zip(t.shape, t.axes, counts)):
-            lines.append(f"    dim {dim} ({size}): " + (f"split {n} ways over {'x'.join(dim_axes)}, "
-                                                        f"{size // n} each" if dim_axes else "whole"))
-        for block, devices in sorted(blocks(mesh, t.axes).items()):
-            lines.append(f"    block [{', '.join(str(b) if n > 1 else ':' for b, n in zip(block, counts))}] "
-                         f"on devices {devices}")
+    warning = _warning(record, large)
+    if warning:
+        lines.append(f"  WARNING: {warning}")
+    shown, rest = _shown(record, large)
+    for name, t in shown:
+        line = f"  {name} {t.aval} {t.spec}: {human_bytes(t.shard_bytes)} per device"
+        if t.axes is not None and not t.replicated:
+            line += "; " + _blocks_text(mesh, t.axes)
+        lines.append(line)
+    if rest:
+        lines.append(f"  {_rest_text(rest, large)}")
     lines += ["  " + line for line in _collective_lines(record)]
     lines += ["  " + line for line in _memory_lines(record)]
     return "\n".join(lines)
+
+
+def _shown(record: StepRecord, large: int) -> tuple[list, list]:
+    """(split or large tensors, smaller replicated ones): the first are listed, the rest summed up."""
+    shown, rest = [], []
+    for name, t in _named(record):
+        (rest if t.replicated and t.nbytes < large else shown).append((name, t))
+    return shown, rest
+
+
+def _rest_text(rest: list, large: int) -> str:
+    return (f"{len(rest)} more tensor(s), each under {human_bytes(large)}, replicated: "
+            f"{human_bytes(sum(t.shard_bytes for _, t in rest))} per device")
+
+
+def _blocks_text(mesh: MeshInfo, axes) -> str:
+    """"blocks 2x1x4: 0 | 1 | ... | 7": the devices holding each block, blocks in row-major order."""
+    held = sorted(blocks(mesh, axes).items())
+    shown = " | ".join(",".join(map(str, devices)) for _, devices in held[:MAX_BLOCKS])
+    more = f" | ... {len(held) - MAX_BLOCKS} more" if len(held) > MAX_BLOCKS else ""
+    return f"blocks {'x'.join(map(str, pieces(mesh, axes)))}: {shown}{more}"
 
 
 def _collective_lines(record: StepRecord) -> list[str]:
@@ -150,14 +180,23 @@ def _tensors_html(record: StepRecord, large: int) -> str:
     info = record.shardings
     mesh = info.mesh
     parts = [f"<h4>Mesh ({html.escape(_axes_text(mesh))})</h4>", _mesh_grid(mesh)]
-    parts += [f'<div class="warn">&#9888; {html.escape(w)}</div>' for w in large_replicated(record, large)]
-    rows = []
-    for name, t in _named(record):
-        rows.append(f"<tr><td>{html.escape(name)}</td><td>{t.aval}</td><td>{html.escape(t.spec)}</td>"
-                    f"<td>{human_bytes(t.shard_bytes)}</td><td>{_tensor_grids(mesh, t)}</td></tr>")
-    parts.append("<h4>Inputs and outputs</h4><table><tr><th>tensor</th><th>shape</th><th>spec</th>"
-                 "<th>per device</th><th>blocks: devices holding each</th></tr>" + "".join(rows) + "</table>")
+    warning = _warning(record, large)
+    if warning:
+        parts.append(f'<div class="warn">&#9888; {html.escape(warning)}</div>')
+    shown, rest = _shown(record, large)
+    parts.append("<h4>Inputs and outputs</h4>" + _tensor_table(mesh, shown, "blocks: devices holding each"))
+    if rest:
+        parts.append(f"<details><summary>{html.escape(_rest_text(rest, large))}</summary>"
+                     f"{_tensor_table(mesh, rest, '')}</details>")
     return "".join(parts)
+
+
+def _tensor_table(mesh: MeshInfo, tensors: list, blocks_title: str) -> str:
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{t.aval}</td><td>{html.escape(t.spec)}</td>"
+                   f"<td>{human_bytes(t.shard_bytes)}</td><td>{_tensor_grids(mesh, t)}</td></tr>"
+                   for name, t in tensors)
+    return (f"<table><tr><th>tensor</th><th>shape</th><th>spec</th><th>per device</th><th>{blocks_title}</th></tr>"
+            f"{rows}</table>")
 
 
 def _mesh_grid(mesh: MeshInfo) -> str:
