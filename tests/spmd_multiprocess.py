@@ -13,6 +13,7 @@ process_id, port = int(sys.argv[1]), int(sys.argv[2])
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.config.update("jax_num_cpu_devices", 4)
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           coordinator_bind_address=f"127.0.0.1:{port}",  # loopback only
                            initialization_timeout=120)
 
 import torch  # noqa: E402

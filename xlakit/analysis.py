@@ -58,7 +58,6 @@ def cost(compiled) -> CostInfo | None:
                     transcendentals=float(analysis.get("transcendentals", 0.0)))
 
 
-
 # One instruction of optimized HLO text: "%name = shape opcode(" (a tuple shape in parentheses,
 # with /*index=5*/ comments in long ones).
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\(.*?\)|\S+)\s+([\w\-]+)\(")

@@ -222,7 +222,7 @@ class Engine:
         entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags, placement)
 
         t3 = time.perf_counter()
-        outputs = self._run(entry, sharding.arguments(graph, placement, transfer.place), graph)
+        outputs = self._run(entry, sharding.arguments(graph, placement), graph)
         execute_s = time.perf_counter() - t3
 
         donated = []

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from . import transfer
 from .ir import Graph
 from .record import MeshInfo, ShardingInfo, TensorSharding
 
@@ -200,9 +201,9 @@ def plan(graph: Graph, donors: tuple[int, ...]) -> Placement | None:
     return Placement(mesh, tuple(inputs), tuple(outputs), tuple(marks))
 
 
-def arguments(graph: Graph, placement: Placement | None, place) -> list:
+def arguments(graph: Graph, placement: Placement | None) -> list:
     """The arrays to call the executable with. An input not yet where the
-    placement wants it is moved there with `place(array, sharding)`; device data
+    placement wants it is moved there (transfer.place); device data
     keeps the moved array (one transfer, not one per step), except read-only
     data (cached constants and scalars), which other graphs share."""
     if placement is None:
@@ -211,7 +212,7 @@ def arguments(graph: Graph, placement: Placement | None, place) -> list:
     for p, s in zip(graph.params, placement.inputs):
         array = p.array
         if not array.sharding.is_equivalent_to(s, array.ndim):
-            array = place(array, s)
+            array = transfer.place(array, s)
             if not p.read_only:
                 p.array = array
         arrays.append(array)

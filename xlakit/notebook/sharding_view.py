@@ -1,7 +1,7 @@
 """How a step's inputs and outputs lie on the mesh: an N-D device grid per tensor
 (any number of dims; JAX's visualize_array_sharding draws 1-D and 2-D only),
-the collectives XLA inserted, memory per device, and a warning for each large
-tensor that is whole on every device. Plain text and static HTML, from the
+the collectives XLA inserted, memory per device, and a warning when large
+tensors are whole on every device. Plain text and static HTML, from the
 StepRecord alone.
 """
 from __future__ import annotations
@@ -72,16 +72,12 @@ def _warning(record: StepRecord, large: int) -> str | None:
 
 
 def _named(record: StepRecord) -> list[tuple[str, TensorSharding]]:
-    info = record.shardings
-    params, nodes = record.graph.params, record.graph.nodes
-    named = []
-    for i, t in enumerate(info.inputs):
-        label = params[i].label if i < len(params) else None
-        named.append((f"input {i}" + (f" {label}" if label else ""), t))
-    for k, t in enumerate(info.outputs):
-        root = record.graph.roots[k] if k < len(record.graph.roots) else None
-        made = f" (%{root.node} {nodes[root.node].op})" if root is not None and root.node < len(nodes) else ""
-        named.append((f"output {k}{made}", t))
+    """(name, sharding) of each input (by its label) and output (by the node that computes it)."""
+    info, graph = record.shardings, record.graph
+    named = [(f"input {i}" + (f" {p.label}" if p.label else ""), t) for i, (p, t) in enumerate(zip(graph.params,
+                                                                                                  info.inputs))]
+    named += [(f"output {k} (%{root.node} {graph.nodes[root.node].op})", t)
+              for k, (root, t) in enumerate(zip(graph.roots, info.outputs))]
     return named
 
 
@@ -205,11 +201,12 @@ def _mesh_grid(mesh: MeshInfo) -> str:
     rows, cols = shape[-2], shape[-1]
     per_grid = rows * cols
     grids = []
-    for g in range(len(mesh.devices) // per_grid):
+    for g, outer in enumerate(itertools.product(*(range(n) for n in shape[:-2]))):
         ids = mesh.devices[g * per_grid:(g + 1) * per_grid]
         body = "".join("<tr>" + "".join(f"<td>{ids[r * cols + c]}</td>" for c in range(cols)) + "</tr>"
                        for r in range(rows))
-        grids.append(f'<table class="grid">{body}</table>')
+        title = ", ".join(f"{html.escape(a)}={i}" for a, i in zip(mesh.axis_names, outer))
+        grids.append(f'<div><div class="note">{title}</div><table class="grid">{body}</table></div>')
     names = mesh.axis_names[-2:] if len(mesh.axis_names) >= 2 else ("", *mesh.axis_names)
     note = f'<div class="note">rows: {html.escape(names[0] or "-")}, columns: {html.escape(names[1])}</div>'
     return f'<div class="grids">{"".join(grids)}</div>{note}'
