@@ -34,20 +34,32 @@ class Step:
 
     def __init__(self, flags, checks: StepChecks, nodes):
         self.flags, self.checks, self.nodes = flags, checks.checks, nodes   # nodes: the GraphInfo's NodeInfos
+        self.failed = 0            # after read(): the bit mask of the checks that failed
+        self.errors: list = []     # eager's exception per check (None where it held)
 
     def read(self) -> Exception | None:
-        """Eager's exception for the step's first failed check, or None."""
-        rows = np.asarray(self.flags)   # the one read of the step's checks
-        for check, (ok, bad) in zip(self.checks, rows):
+        """Read the flags (the one read of the step's checks); eager's exception
+        for the first failed check, or None."""
+        self.errors = []
+        for k, (check, (ok, bad)) in enumerate(zip(self.checks, np.asarray(self.flags))):
+            error = None
             if not ok:
                 node = self.nodes[check.node]
-                return check.exception(int(bad), node.op, sources.describe(node.source))
-        return None
+                error = check.exception(int(bad), node.op, sources.describe(node.source))
+                self.failed |= 1 << k
+            self.errors.append(error)
+        return next((e for e in self.errors if e is not None), None)
+
+    def error(self, mask: int) -> Exception | None:
+        """The first failed check's exception among those in `mask`."""
+        failed = self.failed & mask
+        return self.errors[(failed & -failed).bit_length() - 1] if failed else None
 
 
 class Ledger:
-    """The steps whose checks are not read yet, and per device buffer the steps
-    its value waits on (with the value to give back if one of them failed)."""
+    """The steps whose checks are not read yet, and per device buffer the
+    checks its value waits on, as (step, bit mask) pairs, with the value to
+    give back if one of them failed."""
 
     def __init__(self):
         self.steps: list[Step] = []
@@ -55,7 +67,7 @@ class Ledger:
             weakref.WeakKeyDictionary()
 
     def inherited(self, graph: Graph) -> list[frozenset] | None:
-        """Per root of `graph`, the unread steps whose outputs it reads (None: it reads none)."""
+        """Per root of `graph`, the unread checks of the outputs it reads (None: it reads none)."""
         if not self.waiting:
             return None
         per_param = [self.waiting.get(p, (frozenset(), None))[0] for p in graph.params]
@@ -63,10 +75,10 @@ class Ledger:
             return None
         per_node = []
         for wires in graph.wiring:
-            steps = frozenset()
+            waits = frozenset()
             for w in wires:
-                steps |= per_param[w] if w.__class__ is int else per_node[w[0]]
-            per_node.append(steps)
+                waits |= per_param[w] if w.__class__ is int else per_node[w[0]]
+            per_node.append(waits)
         return [per_node[n] for n, _ in graph.roots]
 
     def add(self, graph: Graph, donors: tuple[int, ...], outputs: list[DeviceData], checks: StepChecks, flags,
@@ -79,41 +91,41 @@ class Ledger:
             self.steps.append(step)
         previous = _previous_values(graph, outputs)
         for k, data in enumerate(outputs):
-            steps = set(inherited[k]) if inherited else set()
+            waits = set(inherited[k]) if inherited else set()
             # a donated root paired with its own old value holds that value if a check fails
             kept = k < len(donors) and previous[k] is graph.params[donors[k]]
             if step is not None and checks.root_masks[k] and not kept:
-                steps.add(step)
-            if steps:
-                self.waiting[data] = (frozenset(steps), previous[k])
+                waits.add((step, checks.root_masks[k]))
+            if waits:
+                self.waiting[data] = (frozenset(waits), previous[k])
 
     def verify(self, live) -> Exception | None:
         """Read every unread step's checks; poison (or give back) the live
         values that depend on a failed one. Returns the first failure's exception."""
         steps, self.steps = self.steps, []
-        failed = {}
+        first = None
         for step in steps:
             error = step.read()
-            if error is not None:
-                failed[step] = error
-        if failed:
-            self._poison(failed, live)
+            first = first or error
+        if first is not None:
+            self._poison(steps, live)
         self.waiting.clear()   # every step is read now
-        return next(iter(failed.values()), None)
+        return first
 
-    def _poison(self, failed: dict, live) -> None:
-        order = {step: i for i, step in enumerate(failed)}
+    def _poison(self, steps: list[Step], live) -> None:
+        order = {step: i for i, step in enumerate(steps)}
         bad = {}
-        for data, (steps, previous) in self.waiting.items():
-            hit = [s for s in steps if s in failed]
-            if hit:
-                bad[id(data)] = (failed[min(hit, key=order.get)], previous)
+        for data, (waits, previous) in self.waiting.items():
+            failed = [(step, mask) for step, mask in waits if step.failed & mask]
+            if failed:
+                step, mask = min(failed, key=lambda f: order[f[0]])
+                bad[id(data)] = (step.error(mask), previous)
         for value in live:
             value.resolve()
             if value.data is not None and id(value.data) in bad:
                 error, previous = bad[id(value.data)]
                 if previous is not None and previous.array is not None and id(previous) not in bad:
-                    value.data = previous   # a labelled tensor updated in place: its value before the step
+                    value.data = previous   # a tensor updated in place: its value before the step
                 else:
                     value.fail(error)
             elif value.node is not None:

@@ -39,10 +39,11 @@ def _require_in(index, size: int, *, negative: bool, message: str, error=IndexEr
 
 
 def _require_key_in(self, key) -> None:
-    """advanced indexing's check: each index tensor against the dim it indexes."""
-    for d, index in enumerate(key):
-        if not isinstance(index, slice):
-            _require_in(index, self.shape[d], negative=True, message=_OUT_OF_BOUNDS % (d, self.shape[d]))
+    """advanced indexing's check: each index tensor against the dim it indexes
+    (eager's message numbers the dim among the indexed ones)."""
+    tensors = [(d, index) for d, index in enumerate(key) if not isinstance(index, slice)]
+    for k, (d, index) in enumerate(tensors):
+        _require_in(index, self.shape[d], negative=True, message=_OUT_OF_BOUNDS % (k, self.shape[d]))
 
 
 def _cast(value, dtype):
