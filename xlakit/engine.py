@@ -373,7 +373,7 @@ class Engine:
 
     def _verify(self) -> None:
         if self.ledger.steps:
-            error = self.ledger.verify(self.live_values())
+            error = self.ledger.verify(self.live_values)
             if error is not None:
                 raise error
 

@@ -1,7 +1,7 @@
 """xlakit's kernels in torch's dispatcher, installed once by runtime.install
 (`register_kernels`): the Lazy key's fallback, which makes factories with
-device=lazy and copies from the host, and Functionalize kernels of xlakit's
-own (they serve every device).
+device=lazy and copies from the host, Functionalize kernels of xlakit's
+own (they serve every device), and one_hot's kernel for the lazy device.
 """
 from __future__ import annotations
 

@@ -9,13 +9,14 @@ step (no sync for that either).
 
 When a check failed, every value that depends on it is poisoned with eager's
 exception (reading it raises), and the rest of the step stands, as when a
-node cannot be lowered (engine). One exception: a labelled tensor (a module
-parameter, optimizer state, xlakit.label) that the step updated in place gets
-back its value from before the step, as eager leaves it when the error stops
-the program before the update (a training step whose batch holds a bad token
-id loses no weights). Where the step donated that old buffer, the executable
-itself kept the old value in the aliased output (lowering._replay), so nothing
-is lost to donation either.
+node cannot be lowered (engine). One exception: a tensor the user made on the
+device or named (tensor.own: `.to`, factories, module parameters, optimizer
+state, xlakit.label) that the step updated in place gets back its value from
+before the step, as eager leaves it when the error stops the program before
+the update (a training step whose batch holds a bad token id loses no
+weights). Where the step donated that old buffer, the executable itself kept
+the old value in the aliased output (lowering._replay), so nothing is lost to
+donation either.
 """
 from __future__ import annotations
 
@@ -65,9 +66,13 @@ class Ledger:
         self.steps: list[Step] = []
         self.waiting: weakref.WeakKeyDictionary[DeviceData, tuple[frozenset, DeviceData | None]] = \
             weakref.WeakKeyDictionary()
+        # steps added since `waiting` was last brought up to date: a step whose checks are
+        # read right after it ran (config.wait_for_execution) needs `waiting` only if one failed
+        self._added: list = []
 
     def inherited(self, graph: Graph) -> list[frozenset] | None:
         """Per root of `graph`, the unread checks of the outputs it reads (None: it reads none)."""
+        self._settle()
         if not self.waiting:
             return None
         per_param = [self.waiting.get(p, (frozenset(), None))[0] for p in graph.params]
@@ -89,27 +94,36 @@ class Ledger:
         if checks.checks:
             step = Step(flags, checks, nodes)
             self.steps.append(step)
-        previous = _previous_values(graph, outputs)
-        for k, data in enumerate(outputs):
-            waits = set(inherited[k]) if inherited else set()
-            # a donated root paired with its own old value holds that value if a check fails
-            kept = k < len(donors) and previous[k] is graph.params[donors[k]]
-            if step is not None and checks.root_masks[k] and not kept:
-                waits.add((step, checks.root_masks[k]))
-            if waits:
-                self.waiting[data] = (frozenset(waits), previous[k])
+        self._added.append((graph.params, donors, outputs, step, checks.root_masks, inherited))
+
+    def _settle(self) -> None:
+        """Bring `waiting` up to date with the steps added."""
+        for params, donors, outputs, step, masks, inherited in self._added:
+            previous = _previous_values(params, outputs)
+            for k, data in enumerate(outputs):
+                waits = set(inherited[k]) if inherited else set()
+                # a donated root paired with its own old value holds that value if a check fails
+                kept = k < len(donors) and previous[k] is params[donors[k]]
+                if step is not None and masks[k] and not kept:
+                    waits.add((step, masks[k]))
+                if waits:
+                    self.waiting[data] = (frozenset(waits), previous[k])
+        self._added.clear()
 
     def verify(self, live) -> Exception | None:
         """Read every unread step's checks; poison (or give back) the live
-        values that depend on a failed one. Returns the first failure's exception."""
+        values (`live()` lists them) that depend on a failed one. Returns the
+        first failure's exception."""
         steps, self.steps = self.steps, []
         first = None
         for step in steps:
             error = step.read()
             first = first or error
         if first is not None:
-            self._poison(steps, live)
+            self._settle()
+            self._poison(steps, live())
         self.waiting.clear()   # every step is read now
+        self._added.clear()
         return first
 
     def _poison(self, steps: list[Step], live) -> None:
@@ -134,14 +148,14 @@ class Ledger:
                     value.fail(error)
 
 
-def _previous_values(graph: Graph, outputs: list[DeviceData]) -> list[DeviceData | None]:
+def _previous_values(params: list[DeviceData], outputs: list[DeviceData]) -> list[DeviceData | None]:
     """Per root, the input that the same user tensor held before the step (its
     in-place update's old value), where their owners (tensor.own) pair them unambiguously."""
     def counts(datas):
         return collections.Counter((d.owner, d.aval) for d in datas if d.owner is not None)
 
-    params, roots = counts(graph.params), counts(outputs)
-    by_owner = {(p.owner, p.aval): p for p in graph.params if params[(p.owner, p.aval)] == 1}
+    inputs, roots = counts(params), counts(outputs)
+    by_owner = {(p.owner, p.aval): p for p in params if inputs[(p.owner, p.aval)] == 1}
     return [by_owner.get((d.owner, d.aval)) if d.owner is not None and roots[(d.owner, d.aval)] == 1 else None
             for d in outputs]
 
