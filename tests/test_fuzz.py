@@ -114,11 +114,12 @@ class Program:
         elif kind == "bad_index":
             op, x, ints = a[0], self.t(a[1]), a[2] if a[3] is None else [a[3], *a[2][1:]]
             idx = torch.tensor(ints, device=x.device)
+            flat = idx[:, None] * 5 + torch.arange(5, device=x.device)
             self.pool.append({"index": lambda: x[idx],                                  # rows: [-4, 4)
                               "index_select": lambda: x.index_select(1, torch.cat([idx, idx[:1]])),  # [0, 5)
                               "gather": lambda: x.gather(1, idx[:, None].expand(4, 5)),  # [0, 5)
                               "embedding": lambda: torch.nn.functional.embedding(idx, x),  # [0, 4)
-                              "take": lambda: x.take(idx[:, None] * 5 + torch.arange(5, device=x.device))}[op]())  # [-20, 20)
+                              "take": lambda: x.take(flat)}[op]())                     # [-20, 20)
         elif kind == "bad_index_put":
             x, ints = self.t(a[0]), a[1] if a[2] is None else [a[2], *a[1][1:]]
             x[torch.tensor(ints, device=x.device)] = a[3]

@@ -58,8 +58,8 @@ class Trace:
     def __bool__(self) -> bool:
         return bool(self.found)
 
-    def depend(self, position: int, wires) -> int:
-        """The mask of node `position`, just traced, whose operands come from `wires` (graph.wiring)."""
+    def depend(self, wires) -> int:
+        """The mask of the node just traced, whose operands come from `wires` (graph.wiring)."""
         mask = 0
         for k in range(self._new, len(self.found)):
             mask |= 1 << k

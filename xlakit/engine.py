@@ -312,7 +312,8 @@ class Engine:
 
     def _compile(self, graph: Graph, donors, key: keys.Key, flags):
         t0 = time.perf_counter()
-        lowered, step_checks = lowering.lower(graph, donors, flags["matmul_precision"], check=flags["checks"] == "on")
+        lowered, step_checks = lowering.lower(graph, donors, flags["matmul_precision"],
+                                              check=flags["checks"] == "on")
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()

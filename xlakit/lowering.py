@@ -200,7 +200,7 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, *
             checks.at_node(position)
             results = _lower_node(node, operands)
             if trace is not None:
-                mask = trace.depend(position, wires)
+                mask = trace.depend(wires)
                 for i, result in enumerate(results):
                     donor = donated.get((position, i)) if mask else None
                     if donor is not None:

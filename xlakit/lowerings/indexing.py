@@ -307,13 +307,14 @@ def index_select(self, dim, index):
     return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
 
 
-def _index_along(self, dim, index, source, message=_OUT_OF_RANGE):
+def _index_along(self, dim, index, source, message=None):
     """(self, where, source) for index_add/copy/reduce, 0-d tensors as 1-element
-    ones; checks the index as eager does (`message`: %(dim, size) filled in)."""
+    ones; checks the index as eager does (`message`: eager's, given dim and
+    size, where it is not "index out of range in self")."""
     base = _as_1d(self)
     dim %= base.ndim
     size = base.shape[dim]
-    _require_in(index, size, negative=False, message=message % (dim, size) if "%" in message else message)
+    _require_in(index, size, negative=False, message=_OUT_OF_RANGE if message is None else message % (dim, size))
     if self.ndim == 0:
         return base, (index.reshape(-1),), source.reshape(-1)
     return self, _along(dim, index.reshape(-1)), source
@@ -387,8 +388,8 @@ def put(self, index, source, accumulate=False):
 
 @lowers("aten::one_hot")
 def one_hot(self, num_classes=-1):
-    """(the frontend records it only with num_classes given: -1 makes the shape
-    depend on the data)"""
+    """(recorded only with num_classes given, functionalization._one_hot: -1
+    makes the shape depend on the data)"""
     checks.require(self >= 0, RuntimeError, "Class values must be non-negative.")
     checks.require(self < num_classes, RuntimeError, "Class values must be smaller than num_classes.")
     return (self[..., None] == jnp.arange(num_classes)).astype(jnp.int64)
