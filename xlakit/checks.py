@@ -54,6 +54,7 @@ class Trace:
         self.found: list = []
         self.masks: list[int] = []
         self._new = 0   # checks found before the node being traced
+        self._all: dict = {}   # mask -> its all_ok (the donated outputs of a step mostly share one)
 
     def __bool__(self) -> bool:
         return bool(self.found)
@@ -72,7 +73,9 @@ class Trace:
 
     def all_ok(self, mask: int):
         """Whether the checks in `mask` all hold (a traced bool)."""
-        return jnp.stack([ok for k, (_, ok, _) in enumerate(self.found) if mask >> k & 1]).all()
+        if mask not in self._all:
+            self._all[mask] = jnp.stack([ok for k, (_, ok, _) in enumerate(self.found) if mask >> k & 1]).all()
+        return self._all[mask]
 
     def flags(self):
         """The executable's extra output: int64 [number of checks, 2], (ok, offending value) per check."""
