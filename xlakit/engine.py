@@ -172,7 +172,7 @@ class Engine:
                         targets = [t for t in targets if t.node is not None]
                         continue
                     except Exception as eager_error:  # noqa: BLE001 - the node's dependents keep it
-                        error = lowering.NodeFailedError(error.node, eager_error)
+                        error = lowering.NodeFailedError.of(error.node, eager_error)
                 # The tensors that need the failed node keep the error; the
                 # rest are computed, so one bad line loses nothing else.
                 failure = failure or error

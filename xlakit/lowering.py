@@ -161,6 +161,15 @@ class NodeFailedError(RuntimeError):
         super().__init__(f"{node.op}{where}: {type(cause).__name__}: {cause}")
         self.node, self.cause = node, cause
 
+    @staticmethod
+    def of(node: Node, cause: BaseException) -> NodeFailedError:
+        """The error for `cause`: an IndexError where eager's was one."""
+        return (NodeFailedIndexError if isinstance(cause, IndexError) else NodeFailedError)(node, cause)
+
+
+class NodeFailedIndexError(NodeFailedError, IndexError):
+    """A node computed eagerly on CPU raised an IndexError."""
+
 
 def _strided_in_bounds(self, size, stride, storage_offset=None):
     """A lazy tensor owns just its own elements, in row-major order; XLA clamps

@@ -35,21 +35,19 @@ class Step:
 
     def __init__(self, flags, checks: StepChecks, nodes):
         self.flags, self.checks, self.nodes = flags, checks.checks, nodes   # nodes: the GraphInfo's NodeInfos
-        self.failed = 0            # after read(): the bit mask of the checks that failed
-        self.errors: list = []     # eager's exception per check (None where it held)
+        self.failed = 0                   # after read(): the bit mask of the checks that failed
+        self.errors: dict[int, Exception] = {}   # eager's exception per failed check
 
     def read(self) -> Exception | None:
         """Read the flags (the one read of the step's checks); eager's exception
         for the first failed check, or None."""
-        self.errors = []
-        for k, (check, (ok, bad)) in enumerate(zip(self.checks, np.asarray(self.flags))):
-            error = None
-            if not ok:
-                node = self.nodes[check.node]
-                error = check.exception(int(bad), node.op, sources.describe(node.source))
-                self.failed |= 1 << k
-            self.errors.append(error)
-        return next((e for e in self.errors if e is not None), None)
+        rows = np.asarray(self.flags)
+        for k in np.flatnonzero(rows[:, 0] == 0).tolist():
+            check = self.checks[k]
+            node = self.nodes[check.node]
+            self.errors[k] = check.exception(int(rows[k, 1]), node.op, sources.describe(node.source))
+            self.failed |= 1 << k
+        return self.error(self.failed)
 
     def error(self, mask: int) -> Exception | None:
         """The first failed check's exception among those in `mask`."""

@@ -17,6 +17,8 @@ index selects a data-dependent number of elements: it runs eagerly, except
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -40,10 +42,16 @@ def _require_in(index, size: int, *, negative: bool, message: str, error=IndexEr
 
 def _require_key_in(self, key) -> None:
     """advanced indexing's check: each index tensor against the dim it indexes
-    (eager's message numbers the dim among the indexed ones)."""
+    (eager's message numbers the dim among the indexed ones, and says it its
+    own way for a dim of size 0); none where nothing is read or written."""
     tensors = [(d, index) for d, index in enumerate(key) if not isinstance(index, slice)]
+    rest = [n for d, n in enumerate(self.shape) if d >= len(key) or isinstance(key[d], slice)]
+    if math.prod(jnp.broadcast_shapes(*(i.shape for _, i in tensors))) * math.prod(rest) == 0:
+        return
     for k, (d, index) in enumerate(tensors):
-        _require_in(index, self.shape[d], negative=True, message=_OUT_OF_BOUNDS % (k, self.shape[d]))
+        size = self.shape[d]
+        message = _OUT_OF_BOUNDS % (k, size) if size else "index is out of bounds for dimension with size 0"
+        _require_in(index, size, negative=True, message=message)
 
 
 def _cast(value, dtype):
@@ -65,9 +73,15 @@ def _key(self, indices):
             raise NeedsEager("a boolean (or uint8) mask index selects a data-dependent number of elements")
         else:
             key.append(index)
-    if len(key) > self.ndim:
-        raise IndexError(f"too many indices for tensor of dimension {self.ndim} (got {len(key)})")
+    if len(key) > self.ndim:  # eager's error, from eager
+        raise NeedsEager(f"too many indices for tensor of dimension {self.ndim} (got {len(key)})")
     return tuple(key)
+
+
+def _from_empty(size: int, index) -> None:
+    """No index reads a dim of size 0 (nor can XLA's gather be built there): eager's error, from eager."""
+    if size == 0 and index.size:
+        raise NeedsEager("an index into a dim of size 0")
 
 
 def _add_at(ref, values):
@@ -158,6 +172,9 @@ def unsafe_index(self, indices):
 @lowers("aten::index")
 def index(self, indices):
     key = _key(self, indices)
+    for d, i in enumerate(key):
+        if not isinstance(i, slice):
+            _from_empty(self.shape[d], i)
     _require_key_in(self, key)
     return self[key]
 
@@ -301,27 +318,57 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 # -- index_* along one dim ------------------------------------------------------------
 @lowers("aten::index_select")
 def index_select(self, dim, index):
-    _require_in(index, _as_1d(self).shape[dim % max(self.ndim, 1)], negative=False, message=_OUT_OF_RANGE)
+    dim, size = _dim_size(self, dim)
+    _from_empty(size, index)
+    if self.ndim > 1 and (dim == 1 or self.size == 0):  # eager CPU's batched copy, which says it its own way
+        _require_in(index, size, negative=False, error=RuntimeError,
+                    message=f"INDICES element is out of DATA bounds, id={{index}} axis_dim={size}")
+    else:
+        _require_in(index, size, negative=False, message=_OUT_OF_RANGE)
     if self.ndim == 0:
         return self.reshape(1)[index.reshape(-1)].reshape(())
     return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
 
 
-def _index_along(self, dim, index, source, message=None):
-    """(self, where, source) for index_add/copy/reduce, 0-d tensors as 1-element
-    ones; checks the index as eager does (`message`: eager's, given dim and
-    size, where it is not "index out of range in self")."""
-    base = _as_1d(self)
-    dim %= base.ndim
-    size = base.shape[dim]
-    _require_in(index, size, negative=False, message=_OUT_OF_RANGE if message is None else message % (dim, size))
+def _require_long(index) -> None:
+    """index_copy and index_fill take int64 indices only: eager's error, from eager (its meta kernel lets int32 by)."""
+    if index.dtype != jnp.int64:
+        raise NeedsEager("an index that is not int64")
+
+
+def _require_in_or_empty(self, index, dim, size, *, negative, message) -> None:
+    """index_copy's and index_fill's check (`message`: given dim and size):
+    none of an empty self, except that no index fits a dim of size 0 (eager
+    raises a RuntimeError from its storage checks there)."""
+    if size == 0:
+        checks.require(jnp.zeros(index.shape, jnp.bool_), RuntimeError, message % (dim, size), index=index)
+    elif self.size:
+        _require_in(index, size, negative=negative, message=message % (dim, size))
+
+
+def _dim_size(self, dim):
+    """(dim in range, its size), a 0-d tensor as a 1-element one."""
+    dim %= max(self.ndim, 1)
+    return dim, self.shape[dim] if self.ndim else 1
+
+
+def _index_along(self, dim, index, source):
+    """(self, where, source) for index_add/copy/reduce, 0-d tensors as 1-element ones."""
     if self.ndim == 0:
-        return base, (index.reshape(-1),), source.reshape(-1)
-    return self, _along(dim, index.reshape(-1)), source
+        return self.reshape(1), (index.reshape(-1),), source.reshape(-1)
+    return self, _along(dim % self.ndim, index.reshape(-1)), source
 
 
 @lowers("aten::index_add")
 def index_add(self, dim, index, source, *, alpha=1):
+    dim, size = _dim_size(self, dim)
+    if self.ndim > 1 and dim in (0, self.ndim - 1) and alpha == 1 and index.dtype == jnp.int64:
+        # eager CPU adds through scatter_add here, which says it its own way
+        message, error = _OUT_OF_BOUNDS % (dim, size), RuntimeError
+    else:
+        message, error = _OUT_OF_RANGE, IndexError
+    if self.size:  # eager checks nothing of an empty self
+        _require_in(index, size, negative=False, message=message, error=error)
     base, where, source = _index_along(self, dim, index, source)
     source = source.astype(self.dtype)
     if alpha != 1:
@@ -331,21 +378,26 @@ def index_add(self, dim, index, source, *, alpha=1):
 
 @lowers("aten::index_copy")
 def index_copy(self, dim, index, source):
-    base, where, source = _index_along(self, dim, index, source, "index_copy_(): " + _OUT_OF_BOUNDS)
+    _require_long(index)
+    dim, size = _dim_size(self, dim)
+    _require_in_or_empty(self, index, dim, size, negative=False, message="index_copy_(): " + _OUT_OF_BOUNDS)
+    base, where, source = _index_along(self, dim, index, source)
     return base.at[where].set(source.astype(self.dtype)).reshape(self.shape)
 
 
 @lowers("aten::index_fill")
 def index_fill(self, dim, index, value):
+    _require_long(index)
+    dim, size = _dim_size(self, dim)
+    _require_in_or_empty(self, index, dim, size, negative=True, message=_OUT_OF_BOUNDS)
     base = _as_1d(self)
-    dim %= base.ndim
-    _require_in(index, base.shape[dim], negative=True, message=_OUT_OF_BOUNDS % (dim, base.shape[dim]))
     where = _along(dim, index.reshape(-1))
     return base.at[where].set(_cast(value, self.dtype)).reshape(self.shape)
 
 
 @lowers("aten::index_reduce")
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    _require_in(index, _dim_size(self, dim)[1], negative=False, message=_OUT_OF_RANGE)
     base, where, source = _index_along(self, dim, index, source)
     return _reduce_into(base, where, source, reduce, include_self).reshape(self.shape)
 
