@@ -2,8 +2,9 @@
 
 Workloads: an MLP (4 x 1024, batch 64) and a transformer encoder (4 layers,
 d_model 256, seq 128, batch 16), both with AdamW; recompiles over 20 steps with
-a changing learning rate and with the same step at two source lines; and the
-executable's memory with and without donation. float32 matmuls at full
+a changing learning rate and with the same step at two source lines; the
+executable's memory with and without donation; and what xlakit's in-graph
+checks (xlakit.config.checks) cost on a Llama AdamW step. float32 matmuls at full
 precision everywhere ("highest"). Each peer runs its steps back to back and
 waits for the device once at the end: ms/step is 1 / throughput, and a peer
 that traces its next step while the device runs this one gains by it.
@@ -242,6 +243,62 @@ def memory():
               f"{peak / 2**20:.0f} | {peak / state:.2f} |")
 
 
+def checks_cost(quick):
+    """xlakit's in-graph checks on and off, on a Llama language-model AdamW step
+    (token embedding and cross-entropy: the indexing ops a real step checks),
+    in alternating rounds of the same run. The best round and the fastest
+    execution of each (on a shared machine, other processes only add time),
+    and XLA's cost analysis of the two executables, which no noise moves."""
+    import transformers
+
+    import xlakit
+
+    dev = xlakit.device()
+    cfg = transformers.LlamaConfig(vocab_size=512 if quick else 8000, hidden_size=64 if quick else 256,
+                                   intermediate_size=128 if quick else 688, num_hidden_layers=1 if quick else 4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                   attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (2 if quick else 8, 16 if quick else 128)).to(dev)
+
+    def step():
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        xlakit.mark_step()
+
+    steps, rounds = (2, 2) if quick else (4, 9)
+    wall, execute, cost = {True: [], False: []}, {True: [], False: []}, {}
+    try:
+        for checks in (True, False):  # compile both executables first
+            xlakit.config.checks = checks
+            step()
+            step()
+        for _ in range(rounds):
+            for checks in (True, False):
+                xlakit.config.checks = checks
+                with xlakit.capture() as records:
+                    wall[checks].append(timed(step, lambda: None, steps, warmup=0))
+                execute[checks] += [r.timings.execute * 1e3 for r in records]
+                cost[checks] = records[-1].cost
+    finally:
+        xlakit.config.checks = True
+    (on, off), (on_x, off_x) = ((min(t[True]), min(t[False])) for t in (wall, execute))
+    print(f"\n### In-graph checks on a Llama AdamW step ({cfg.num_hidden_layers} layers, hidden "
+          f"{cfg.hidden_size}, vocab {cfg.vocab_size}, batch x seq {tuple(ids.shape)}; xlakit lazy, "
+          f"best of {rounds} alternating rounds of {steps} steps)\n\n"
+          "| checks | ms/step | execution ms |\n|---|---|---|\n"
+          f"| on | {on:.1f} | {on_x:.1f} |\n| off | {off:.1f} | {off_x:.1f} |\n\n"
+          f"cost of the checks: {100 * (on / off - 1):+.1f}% per step, {100 * (on_x / off_x - 1):+.1f}% of the "
+          "execution")
+    if cost[True] and cost[False]:
+        print(f"XLA's cost analysis with the checks: "
+              f"{100 * (cost[True].bytes_accessed / cost[False].bytes_accessed - 1):+.2f}% bytes accessed, "
+              f"{100 * (cost[True].flops / cost[False].flops - 1):+.2f}% flops")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
@@ -256,6 +313,7 @@ def main():
     if args.quick:
         measure("MLP 2 x 64, batch 8, AdamW", mlp(64, 2), torch.randn(8, 64), torch.randn(8, 64), 3, True,
                 args.device)
+        checks_cost(quick=True)
         return
     measure("MLP 4 x 1024, batch 64, AdamW", mlp(), torch.randn(64, 1024), torch.randn(64, 1024),
             50 if gpu else 20, False, args.device)
@@ -266,6 +324,7 @@ def main():
             torch.randn(16, 128, 256), torch.randn(16, 128, 256), 20 if gpu else 5, not gpu, args.device)
     recompiles()
     memory()
+    checks_cost(quick=False)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "xlakit"
 # Each module may import only modules of a lower layer (data flows one way:
 # torch ops -> IR -> key -> cache -> executable -> StepRecord -> views).
 LAYERS = [
-    {"version", "config", "ir", "transfer", "ops"},
+    {"version", "config", "ir", "transfer", "ops", "checks"},
     {"record", "sources", "lowerings"},
     {"sharding"},
     {"keys", "cache", "lowering", "analysis"},
-    {"stages", "eager"},
+    {"stages", "eager", "verification"},
     {"engine"},
     {"tensor"},
     {"frontend"},

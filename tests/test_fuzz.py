@@ -1,12 +1,18 @@
 """Differential fuzzing: random programs run eagerly and through xlakit must agree.
 
-After every sync, all live tensors of the program are compared. CI runs a
-bounded number of examples; `make fuzz` runs many more (XLAKIT_FUZZ_EXAMPLES).
+After every sync, all live tensors of the program are compared. Some
+instructions may be bad input (an index out of range, an integer division by
+zero): where eager raises, the program stops there, and xlakit must raise the
+same exception at its next sync, and leave no tensor with a wrong value
+(each either equals eager's or raises). CI runs a bounded number of examples;
+`make fuzz` runs many more (XLAKIT_FUZZ_EXAMPLES).
 """
 import os
 import tempfile
 
+import pytest
 import torch
+import hypothesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +26,8 @@ RANDOM = os.environ.get("XLAKIT_FUZZ_RANDOM", "") == "1"
 unit = st.floats(-1.5, 1.5, allow_nan=False, allow_infinity=False, width=32)
 slot = st.integers(0, 7)
 views = st.sampled_from(["row", "col", "block", "t", "diag", "flat"])
+# an index that replaces the first of a list of good ones: None, or one just outside some op's range
+maybe_bad = st.sampled_from([None] * 9 + [-5, 4, 5, -21, 20])
 
 instructions = st.one_of(
     st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
@@ -38,6 +46,12 @@ instructions = st.one_of(
     st.tuples(st.just("partial_sync"), st.lists(slot, max_size=3)),
     st.tuples(st.just("item"), slot),
     st.tuples(st.just("save"), slot),
+    # may be bad input (about one in four): an index a little outside the shape (4, 5), a divisor 0
+    st.tuples(st.just("bad_index"), st.sampled_from(["index", "index_select", "gather", "embedding", "take"]),
+              slot, st.lists(st.integers(0, 3), min_size=4, max_size=4), maybe_bad),
+    st.tuples(st.just("bad_index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), maybe_bad, unit),
+    st.tuples(st.just("int_div"), st.sampled_from(["floor_divide", "remainder", "fmod", "trunc"]), slot,
+              st.sampled_from([1, 2, -1, -2, 3, 0])),
 )
 
 
@@ -97,6 +111,25 @@ class Program:
                 self.items.append(torch.load(os.path.join(d, "t.pt")).sum().item())
         elif kind == "save":
             self.items.append(self.t(a[0]).clone().sum().item())
+        elif kind == "bad_index":
+            op, x, ints = a[0], self.t(a[1]), a[2] if a[3] is None else [a[3], *a[2][1:]]
+            idx = torch.tensor(ints, device=x.device)
+            flat = idx[:, None] * 5 + torch.arange(5, device=x.device)
+            self.pool.append({"index": lambda: x[idx],                                  # rows: [-4, 4)
+                              "index_select": lambda: x.index_select(1, torch.cat([idx, idx[:1]])),  # [0, 5)
+                              "gather": lambda: x.gather(1, idx[:, None].expand(4, 5)),  # [0, 5)
+                              "embedding": lambda: torch.nn.functional.embedding(idx, x),  # [0, 4)
+                              "take": lambda: x.take(flat)}[op]())                     # [-20, 20)
+        elif kind == "bad_index_put":
+            x, ints = self.t(a[0]), a[1] if a[2] is None else [a[2], *a[1][1:]]
+            x[torch.tensor(ints, device=x.device)] = a[3]
+        elif kind == "int_div":
+            op, x, d = a[0], (self.t(a[1]) * 4).to(torch.int64), a[2]
+            divisor = torch.full((5,), d, device=x.device)
+            result = {"floor_divide": lambda: x // divisor, "remainder": lambda: x % divisor,
+                      "fmod": lambda: torch.fmod(x, divisor),
+                      "trunc": lambda: torch.div(x, divisor, rounding_mode="trunc")}[op]()
+            self.pool.append(result.to(torch.float32))
         elif kind == "mark_step" and self.lazy:
             xlakit.mark_step()
         elif kind == "partial_sync" and self.lazy:
@@ -123,7 +156,24 @@ def test_random_programs_match_eager(dev, seed, program):
                                    equal_nan=True)
 
     for ins in program:
-        eager.run(ins, lambda: None)
+        before = [t.clone() for t in eager.pool]
+        try:
+            eager.run(ins, lambda: None)
+        except (IndexError, RuntimeError) as error:  # bad input: the eager program stops here
+            # (eager may have written part of an in-place update before it raised: compare with
+            # the values before the bad instruction, which xlakit gives back)
+            lazy.run(ins, check)
+            with pytest.raises(type(error)):
+                xlakit.mark_step()
+            for k, (got, want) in enumerate(zip(lazy.pool, before)):
+                try:
+                    host = got.cpu()
+                except type(error):
+                    continue  # poisoned by the failed step: it depends on the bad instruction
+                torch.testing.assert_close(host, want, rtol=2e-2, atol=2e-3, equal_nan=True,
+                                           msg=lambda m: f"tensor {k} after the failed {ins} in {program}: {m}")
+            hypothesis.event(f"eager raised {type(error).__name__}")
+            return
         lazy.run(ins, check)
     xlakit.mark_step()
     check()

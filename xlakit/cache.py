@@ -12,6 +12,7 @@ from pathlib import Path
 import jax
 import jax.monitoring
 
+from .checks import StepChecks
 from .record import Collective, CostInfo, MemoryInfo, ShardingInfo
 
 
@@ -20,6 +21,7 @@ class Entry:
     compiled: object          # jax.stages.Compiled
     key: object               # keys.Key
     hlo: str                  # optimized HLO text, for views
+    checks: StepChecks = StepChecks()   # what its extra output reports (xlakit/checks.py)
     memory: MemoryInfo | None = None   # from the compiled executable (xlakit/analysis.py)
     cost: CostInfo | None = None
     shardings: ShardingInfo | None = None   # None: one device

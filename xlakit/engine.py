@@ -16,7 +16,7 @@ import torch
 
 from . import analysis
 from . import cache as cache_mod
-from . import eager, keys, lowering, ops, sharding, sources, stages, transfer
+from . import eager, keys, lowering, ops, sharding, sources, stages, transfer, verification
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
 from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings
@@ -27,7 +27,12 @@ _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
 
 
 class StepFailedError(RuntimeError):
-    """Raised when a tensor is read whose computation could not be compiled."""
+    """Raised when a tensor is read whose computation could not be compiled
+    (or whose step failed a check)."""
+
+
+class StepFailedIndexError(StepFailedError, IndexError):
+    """A tensor whose step failed an index check: an IndexError, as eager's."""
 
 
 class LiveValue:
@@ -41,11 +46,12 @@ class LiveValue:
     can tell whether the tensor is alive.
     """
 
-    __slots__ = ("aval", "node", "index", "data", "error", "label", "__weakref__")
+    __slots__ = ("aval", "node", "index", "data", "error", "label", "owner", "__weakref__")
 
     def __init__(self, aval: Aval, node: Node | None, index: int, data: DeviceData | None):
         self.aval, self.node, self.index, self.data, self.error = aval, node, index, data, None
         self.label: str | None = None
+        self.owner: int | None = None   # the user tensor it belongs to, stamped at step markers (tensor.own)
 
     def __repr__(self) -> str:
         state = "data" if self.data is not None else ("pending" if self.node is not None else "failed")
@@ -66,7 +72,8 @@ class LiveValue:
 
     def check_usable(self) -> None:
         if self.error is not None:
-            raise StepFailedError(f"this tensor's value could not be computed: {self.error}") from self.error
+            kind = StepFailedIndexError if isinstance(self.error, IndexError) else StepFailedError
+            raise kind(f"this tensor's value could not be computed: {self.error}") from self.error
 
     def fail(self, error: BaseException) -> None:
         self.error, self.node = error, None
@@ -88,6 +95,8 @@ class Engine:
         # outputs of the newest execution; executions finish in order, so
         # waiting for these waits for all (config.wait_for_execution=False)
         self.in_flight: list = []
+        # steps whose in-graph checks are not read yet, and the values waiting on them
+        self.ledger = verification.Ledger()
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
@@ -102,10 +111,10 @@ class Engine:
     def read(self, value: LiveValue) -> DeviceData:
         """The device data of a computed value; waits for executions dispatched ahead,
         so a fault shows here, as a clear error."""
-        value.check_usable()
         value.resolve()
-        if self.in_flight:
+        if self.in_flight or self.ledger.steps:
             self.wait()
+        value.check_usable()
         if value.data is None:
             raise RuntimeError("xlakit internal error: value read before it was computed")
         return value.data
@@ -163,7 +172,7 @@ class Engine:
                         targets = [t for t in targets if t.node is not None]
                         continue
                     except Exception as eager_error:  # noqa: BLE001 - the node's dependents keep it
-                        error = lowering.NodeFailedError(error.node, eager_error)
+                        error = lowering.NodeFailedError.of(error.node, eager_error)
                 # The tensors that need the failed node keep the error; the
                 # rest are computed, so one bad line loses nothing else.
                 failure = failure or error
@@ -191,6 +200,8 @@ class Engine:
         if pending:
             self._compute(list(pending.values()), live, full=False, trigger="fallback",
                           source=sources.fallback_line(node.source, node.op))
+        if self.ledger.steps:  # its operands' checks first
+            self.wait()
         host = []
         for operand in node.operands:
             data = operand if operand.__class__ is not tuple else computed_output(*operand)
@@ -217,12 +228,13 @@ class Engine:
         planned = stages.plan(stages.cut(targets, live, full=full), live, full=full, donate=config.donate)
         graph, donors = planned.graph, planned.donors
         placement = sharding.plan(graph, donors)
-        flags = keys.compile_flags(lowering.matmul_precision(), lowering.LOWERING_VERSION)
+        flags = keys.compile_flags(lowering.matmul_precision(), lowering.LOWERING_VERSION, config.checks)
         key = keys.compute_key(graph, donors, flags, placement)
         entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags, placement)
+        inherited = self.ledger.inherited(graph)
 
         t3 = time.perf_counter()
-        outputs = self._run(entry, sharding.arguments(graph, placement), graph)
+        outputs, checked = _split_checks(entry, self._run(entry, sharding.arguments(graph, placement), graph))
         execute_s = time.perf_counter() - t3
 
         donated = []
@@ -232,12 +244,18 @@ class Engine:
                                          p.aval.nbytes))
             p.donated, p.array = True, None
         self._bind_results(graph, planned.roots, outputs, targets)
+        graph_info = _any_graph_info(entry, graph, donors, key)
+        if checked is not None or inherited:
+            self.ledger.add(graph, donors, [node.results[i] for node, i in planned.roots], entry.checks, checked,
+                            graph_info.nodes, inherited)
 
-        self._append_record(entry, key, _any_graph_info(entry, graph, donors, key), trigger=trigger,
+        self._append_record(entry, key, graph_info, trigger=trigger,
                             cache=outcome, donated=tuple(donated), changed=changed, why=why,
                             note=planned.note, source=source,
                             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
+        if config.wait_for_execution:
+            self._verify()
         return entry, graph
 
     def _executable(self, graph: Graph, donors, key: keys.Key, flags, placement):
@@ -263,12 +281,16 @@ class Engine:
         with self.lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
-            outputs = self._run(entry, arrays, None)
+            outputs, checked = _split_checks(entry, self._run(entry, arrays, None))
             graph_info = next(iter(entry.graph_infos.values()))
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
                                 note="replay: inputs are not donated", source=source,
                                 timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
                                                 waited=config.wait_for_execution))
+            if checked is not None:  # its outputs are new tensors: read its checks before they exist
+                error = verification.Step(checked, entry.checks, graph_info.nodes).read()
+                if error is not None:
+                    raise error
             return outputs
 
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,
@@ -291,7 +313,8 @@ class Engine:
 
     def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
         t0 = time.perf_counter()
-        lowered = lowering.lower(graph, donors, flags["matmul_precision"], placement)
+        lowered, step_checks = lowering.lower(graph, donors, flags["matmul_precision"], placement,
+                                              check=flags["checks"] == "on")
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()
@@ -301,8 +324,9 @@ class Engine:
         self.counters["persistent_cache_hits" if outcome == "persistent_hit" else "compiles"] += 1
         hlo = compiled.as_text() or ""
         devices = jax.devices()[:1] if placement is None else placement.devices()
-        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, memory=analysis.memory(compiled, devices),
-                                cost=analysis.cost(compiled), collectives=analysis.collectives(hlo),
+        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, checks=step_checks,
+                                memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
+                                collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
         _warn_if_too_big(entry.memory, graph)
         self.cache.capacity = config.cache_size
@@ -311,10 +335,12 @@ class Engine:
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
+        owners = {(id(t.node), t.index): t.owner for t in targets if t.owner}
         for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
             if node.results is None:
                 node.results = [None] * len(node.avals)
-            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)))
+            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)),
+                                             owner=owners.get((id(node), index)))
         for t in targets:
             t.resolve()
 
@@ -331,20 +357,31 @@ class Engine:
             outputs = entry.compiled(*arrays)
             self.in_flight = outputs
             if config.wait_for_execution:
-                self.wait(graph)
+                self._block(graph)
             return outputs
         except StepExecutionError:
             raise
         except Exception as e:  # noqa: BLE001 - a fault at dispatch, before any output exists
             raise _execution_error(e, graph) from e
 
-    def wait(self, graph: Graph | None = None) -> None:
-        """Block until every dispatched execution has finished."""
+    def wait(self) -> None:
+        """Block until every dispatched execution has finished; read the checks
+        of those not read yet (raises the first failed one's exception)."""
+        self._block(None)
+        self._verify()
+
+    def _block(self, graph: Graph | None) -> None:
         outputs, self.in_flight = self.in_flight, []
         try:
             jax.block_until_ready(outputs)
         except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
             raise _execution_error(e, graph) from e
+
+    def _verify(self) -> None:
+        if self.ledger.steps:
+            error = self.ledger.verify(self.live_values)
+            if error is not None:
+                raise error
 
     # -- counters -----------------------------------------------------------
     def metrics(self) -> dict[str, int]:
@@ -380,6 +417,14 @@ def _warn_if_too_big(memory, graph: Graph) -> None:
         f"temporaries {memory.temporaries:,}); largest inputs: "
         + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
         + ". It will likely run out of memory: use smaller batches, donation, or shard it.", stacklevel=2)
+
+
+def _split_checks(entry, outputs):
+    """(the roots' arrays, the checks' array or None): an executable with
+    checks returns their flags after its roots."""
+    if not entry.checks.checks:
+        return outputs, None
+    return outputs[:-1], outputs[-1]
 
 
 def _depends_on(node: Node, target: Node) -> bool:

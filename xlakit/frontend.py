@@ -219,6 +219,7 @@ def _operand(value, func, source, tensors: list):
         float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
                            torch.get_default_dtype())
         return _lifted_scalar(value, float_dtype)
+    transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
     if value.dim() == 0 or op_info(func).cpu_indices:
         data = from_host(value)._state.data
@@ -396,6 +397,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 def _copy(dst, src, non_blocking=False):
     if not isinstance(src, LazyTensor):
+        transfer.require_dense(src)
         return from_host(src.to(dtype=dst.dtype).expand(dst.shape))
     if src.dtype != dst.dtype:
         src = _record(aten._to_copy.default, (src,), {"dtype": dst.dtype})

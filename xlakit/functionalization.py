@@ -1,7 +1,7 @@
 """xlakit's kernels in torch's dispatcher, installed once by runtime.install
 (`register_kernels`): the Lazy key's fallback, which makes factories with
-device=lazy and copies from the host, and Functionalize kernels of xlakit's
-own (they serve every device).
+device=lazy and copies from the host, Functionalize kernels of xlakit's
+own (they serve every device), and one_hot's kernel for the lazy device.
 """
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import warnings
 
 import torch
 
+from . import transfer
 from .frontend import alias, dispatch, functional_variant, op_info, to_cpu
-from .tensor import LazyTensor, from_host, wrap
+from .tensor import LazyTensor, from_host, unwrap, wrap
 
 aten = torch.ops.aten
 
@@ -21,6 +22,7 @@ def _lazy_backend(op, *args, **kwargs):
     at the Python key first): factories with device=lazy and copies from CPU."""
     if op in (aten._copy_from.default, aten._copy_from_and_resize.default):
         src, dst = args[0], args[1]
+        transfer.require_dense(src)
         value = src.to(dtype=dst.dtype)
         if op is aten._copy_from.default:
             value = value.expand(dst.shape)
@@ -105,6 +107,18 @@ def _functionalized_inplace(inplace, functional):
     return kernel
 
 
+def _one_hot(self, num_classes=-1):
+    """one_hot's composite reads the classes' min and max back to check them
+    (two syncs per call) on devices it does not know; recorded as one node,
+    its lowering checks them in the step's executable. With num_classes=-1
+    the shape depends on the data: the composite, as in eager."""
+    if num_classes < 0:
+        return aten.one_hot.default.decompose(self, num_classes)
+    functional = torch._is_functional_tensor(self)
+    out = dispatch(aten.one_hot.default, (unwrap(self),), {"num_classes": num_classes})
+    return wrap(out) if functional else out
+
+
 _LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
 
 
@@ -122,4 +136,6 @@ def register_kernels() -> None:
                                     (aten.addcdiv_.default, aten.addcdiv.default),
                                     (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
-    _LIBRARIES.extend((lazy, functionalize))
+    autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
+    autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
+    _LIBRARIES.extend((lazy, functionalize, autograd))

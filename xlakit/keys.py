@@ -60,10 +60,11 @@ def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str],
     return Key(components=components, metadata_digest=digest(metadata_bytes(graph)), key=key)
 
 
-def compile_flags(matmul_precision: str, lowering_version: str) -> dict[str, str]:
-    """Settings that change the compiled code; dump and debug flags are left out."""
+def compile_flags(matmul_precision: str, lowering_version: str, checks: bool) -> dict[str, str]:
+    """Settings that change the compiled code; dump and debug flags are left out.
+    `checks`: whether the executable computes the in-graph checks (config.checks)."""
     return {"XLA_FLAGS": compiler_xla_flags(), "matmul_precision": matmul_precision,
-            "lowering": lowering_version}
+            "lowering": lowering_version, "checks": "on" if checks else "off"}
 
 
 def compiler_xla_flags() -> str:

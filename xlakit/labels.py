@@ -12,6 +12,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from .engine import current
 from .frontend import DEVICE, unwrap
+from .tensor import own, stamp_owners
 
 _NAMES = WeakTensorKeyDictionary()
 
@@ -21,6 +22,7 @@ def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
     if tensor.device != DEVICE:
         raise ValueError(f"xlakit.label: {name!r} is on {tensor.device}, not on {DEVICE}")
     _NAMES[tensor] = name
+    own(tensor)
     return tensor
 
 
@@ -29,6 +31,7 @@ def name_if_unnamed(tensor: torch.Tensor, name: str) -> None:
     step may donate that buffer before the next stamp)."""
     if tensor not in _NAMES:
         _NAMES[tensor] = name
+        own(tensor)
         _stamp(tensor, name)
 
 
@@ -52,9 +55,10 @@ def _label_optimizer_state(optimizer, args, kwargs) -> None:
                 if owner and isinstance(value, torch.Tensor) and value.device == DEVICE \
                         and value not in _NAMES:
                     _NAMES[value] = f"{owner}.{key}"
+                    own(value)
 
 
 def install() -> None:
-    """Stamp labels before every step marker; name optimizer state after each step."""
-    current().before_step.append(_stamp_labels)
+    """Stamp labels and owners before every step marker; name optimizer state after each step."""
+    current().before_step.extend((_stamp_labels, stamp_owners))
     register_optimizer_step_post_hook(_label_optimizer_state)

@@ -17,13 +17,13 @@ import jax.numpy as jnp
 import torch
 import torch._decomp
 
-from . import lowerings, ops, sharding, sources
+from . import checks, lowerings, ops, sharding, sources
 from .ir import Aval, Graph, Node, fill
 from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "3"
+LOWERING_VERSION = "4"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
@@ -161,6 +161,15 @@ class NodeFailedError(RuntimeError):
         super().__init__(f"{node.op}{where}: {type(cause).__name__}: {cause}")
         self.node, self.cause = node, cause
 
+    @staticmethod
+    def of(node: Node, cause: BaseException) -> NodeFailedError:
+        """The error for `cause`: an IndexError where eager's was one."""
+        return (NodeFailedIndexError if isinstance(cause, IndexError) else NodeFailedError)(node, cause)
+
+
+class NodeFailedIndexError(NodeFailedError, IndexError):
+    """A node computed eagerly on CPU raised an IndexError."""
+
 
 def _strided_in_bounds(self, size, stride, storage_offset=None):
     """A lazy tensor owns just its own elements, in row-major order; XLA clamps
@@ -187,15 +196,45 @@ if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
     raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
 
 
-def _replay(graph: Graph, *params):
+def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
+            *params):
+    """The graph on tracers; its roots, then, if its lowerings asked for checks
+    (recorded into `trace`; None: checks are off), one int64 array of (ok,
+    offending value) per check."""
     outputs: list[list] = []
-    for node, wires in zip(graph.nodes, graph.wiring):
-        operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
-        if node.op is sharding.MARK_SHARDING:
-            outputs.append(sharding.constrain(node, operands))
-        else:
-            outputs.append(_lower_node(node, operands))
-    return tuple(outputs[n][i] for n, i in graph.roots)
+    # root j takes donors[j]'s buffer (the plan orders the roots so)
+    donated = {root: donor for root, donor in zip(graph.roots, donors)}
+    with checks.collecting(trace):
+        for position, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
+            operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
+            checks.at_node(position)
+            if node.op is sharding.MARK_SHARDING:
+                results = sharding.constrain(node, operands)
+            else:
+                results = _lower_node(node, operands)
+            if trace is not None:
+                mask = trace.depend(wires)
+                for i, result in enumerate(results):
+                    donor = donated.get((position, i)) if mask else None
+                    if donor is not None:
+                        # A donated buffer must not be lost to a step whose check fails: an
+                        # output that takes it holds its old value then. An elementwise select,
+                        # fused into the update that computes it; made here, where the value is
+                        # made, so that what reads it reads the aliased buffer: a select on the
+                        # returned root alone made XLA keep both values (Llama AdamW step: 78
+                        # more copies, +20 MiB). The other choice, checking before anything is
+                        # donated, needs a second executable and a host sync per step.
+                        results[i] = jnp.where(trace.all_ok(mask), result, params[donor])
+            outputs.append(results)
+    roots = tuple(outputs[n][i] for n, i in graph.roots)
+    if out_shardings:
+        # as constraints, not jit's out_shardings: the checks' output, known only once
+        # traced, is not among them
+        roots = tuple(r if s is None else jax.lax.with_sharding_constraint(r, s)
+                      for r, s in zip(roots, out_shardings))
+    if not trace:
+        return roots
+    return (*roots, trace.flags())
 
 
 def _lower_node(node: Node, operands: list) -> list:
@@ -234,16 +273,21 @@ def _lower_node(node: Node, operands: list) -> list:
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
-          placement: sharding.Placement | None = None):
-    """Trace and lower to StableHLO; returns jax's Lowered object. With a
-    placement, for its mesh: GSPMD/Shardy propagate the shardings it gives."""
+          placement: sharding.Placement | None = None, *, check: bool = True):
+    """Trace and lower to StableHLO; returns jax's Lowered object and the
+    checks tracing found (`check=False`: none are computed). With a placement,
+    for its mesh: GSPMD/Shardy propagate the shardings it gives."""
+    trace = checks.Trace() if check else None
     # keep_unused: every graph input stays an executable parameter, so the
     # executable's signature is exactly the graph's (JAX would prune inputs
     # that only lend their shape, e.g. to zeros_like)
-    on_mesh = {} if placement is None else dict(in_shardings=placement.inputs, out_shardings=placement.outputs)
-    fn = jax.jit(functools.partial(_replay, graph), donate_argnums=donors, keep_unused=True, **on_mesh)
+    on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
+    out_shardings = () if placement is None else placement.outputs
+    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings), donate_argnums=donors,
+                 keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
-        return fn.lower(*(shape_dtype(a) for a in graph.param_avals))
+        lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))
+    return lowered, trace.found_checks(graph.roots) if trace else checks.StepChecks()
 
 
 def matmul_precision() -> str:

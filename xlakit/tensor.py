@@ -8,9 +8,11 @@ which records it as IR; the frontend installs it with `set_dispatcher`.
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import sources, transfer
 from .engine import LiveValue, current
@@ -66,7 +68,9 @@ def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
 
 # -- wrapping -----------------------------------------------------------------
 def wrap(inner: LazyTensor) -> torch.Tensor:
-    return torch._to_functional_tensor(inner)
+    t = torch._to_functional_tensor(inner)
+    own(t)
+    return t
 
 
 def unwrap(t: torch.Tensor) -> LazyTensor:
@@ -79,6 +83,29 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
         if isinstance(inner, LazyTensor):
             return inner
     raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
+
+
+# -- owners --------------------------------------------------------------------
+# The user tensors made on the device (.to, factories) or named (labels.py):
+# at each step marker their current values are stamped with the tensor's id,
+# so that a step that fails a check can give a tensor it updated in place its
+# old buffer back (verification.py). A tensor that an op made is not tracked:
+# a failed step poisons it.
+_OWNED = WeakTensorKeyDictionary()
+_owner_ids = itertools.count(1)
+
+
+def own(t: torch.Tensor) -> None:
+    if t not in _OWNED:
+        _OWNED[t] = next(_owner_ids)
+
+
+def stamp_owners() -> None:
+    for t, owner in list(_OWNED.items()):
+        value = unwrap(t)._state
+        value.owner = owner
+        if value.data is not None and value.data.owner is None:
+            value.data.owner = owner
 
 
 def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:

@@ -11,11 +11,26 @@ _BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16)}
 
 
 def to_device(t: torch.Tensor) -> jax.Array:
+    require_dense(t)
     t = t.detach().contiguous()
     if t.dtype in _BITS:
         bits, np_dtype = _BITS[t.dtype]
         return jax.device_put(t.view(bits).numpy().view(np_dtype))
     return jax.device_put(t.numpy())
+
+
+def require_dense(t: torch.Tensor) -> None:
+    """XLA holds dense arrays of plain dtypes: say what else a tensor is, and what to do."""
+    if t.is_nested:
+        what, fix = "a nested tensor", "torch.nested.to_padded_tensor(t, padding) or t.unbind()"
+    elif t.is_quantized:
+        what, fix = f"a quantized tensor ({t.dtype})", "t.dequantize()"
+    elif t.layout != torch.strided:
+        what, fix = f"a {str(t.layout).removeprefix('torch.')} tensor", "t.to_dense()"
+    else:
+        return
+    raise NotImplementedError(f"xlakit: {what} cannot move to the lazy device: XLA holds dense arrays. "
+                              f"Convert it first: {fix}.")
 
 
 def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:

@@ -5,8 +5,11 @@ Index semantics are eager torch's for in-range indices: negative indices wrap
 where torch wraps them (index, index_put, index_fill, take, put: jnp's
 indexing normalizes negative indices as NumPy does). Where eager torch raises
 on a negative index (gather, scatter, index_select/add/copy/reduce,
-embedding) it is out of range, and an out-of-range index is not detected
-here: XLA clamps, drops or wraps it where eager torch raises. A write of
+embedding) it is out of range. XLA clamps, drops or wraps an out-of-range
+index where eager torch raises, so each op states eager's check
+(checks.require: computed in the executable, raised as eager's exception
+after the step); the `_unsafe_*` ops, which torch's decompositions make with
+in-range indices, are not checked, as in eager. A write of
 several values to one place keeps one of them, as torch's does (which one is
 unspecified in both); an accumulating write sums them all. A boolean mask
 index selects a data-dependent number of elements: it runs eagerly, except
@@ -14,15 +17,43 @@ index selects a data-dependent number of elements: it runs eagerly, except
 """
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
 
+from .. import checks
 from ..ops import NeedsEager
 from . import category, computation_dtype, jax_dtype, lowers
 
 
 # -- helpers ----------------------------------------------------------------------
+_OUT_OF_BOUNDS = "index {index} is out of bounds for dimension %d with size %d"
+_OUT_OF_RANGE = "index out of range in self"
+
+
+def _require_in(index, size: int, *, negative: bool, message: str, error=IndexError) -> None:
+    """Eager's bounds check of `index` against a dimension of `size`: [-size,
+    size) where it wraps negative indices, [0, size) where it does not."""
+    checks.require(checks.in_range(index, size, negative=negative), error, message, index=index,
+                   valid=(-size if negative else 0, size))
+
+
+def _require_key_in(self, key) -> None:
+    """advanced indexing's check: each index tensor against the dim it indexes
+    (eager's message numbers the dim among the indexed ones, and says it its
+    own way for a dim of size 0); none where nothing is read or written."""
+    tensors = [(d, index) for d, index in enumerate(key) if not isinstance(index, slice)]
+    rest = [n for d, n in enumerate(self.shape) if d >= len(key) or isinstance(key[d], slice)]
+    if math.prod(jnp.broadcast_shapes(*(i.shape for _, i in tensors))) * math.prod(rest) == 0:
+        return
+    for k, (d, index) in enumerate(tensors):
+        size = self.shape[d]
+        message = _OUT_OF_BOUNDS % (k, size) if size else "index is out of bounds for dimension with size 0"
+        _require_in(index, size, negative=True, message=message)
+
+
 def _cast(value, dtype):
     """A Python scalar or array in `dtype`, as torch converts a Scalar argument
     to the tensor's dtype (a float into an integer tensor truncates)."""
@@ -42,9 +73,15 @@ def _key(self, indices):
             raise NeedsEager("a boolean (or uint8) mask index selects a data-dependent number of elements")
         else:
             key.append(index)
-    if len(key) > self.ndim:
-        raise IndexError(f"too many indices for tensor of dimension {self.ndim} (got {len(key)})")
+    if len(key) > self.ndim:  # eager's error, from eager
+        raise NeedsEager(f"too many indices for tensor of dimension {self.ndim} (got {len(key)})")
     return tuple(key)
+
+
+def _from_empty(size: int, index) -> None:
+    """No index reads a dim of size 0 (nor can XLA's gather be built there): eager's error, from eager."""
+    if size == 0 and index.size:
+        raise NeedsEager("an index into a dim of size 0")
 
 
 def _add_at(ref, values):
@@ -127,21 +164,44 @@ def _reduce_into(self, where, values, reduce, include_self):
 
 
 # -- advanced indexing ----------------------------------------------------------------
-@lowers("aten::index", "aten::_unsafe_index")
-def index(self, indices):
+@lowers("aten::_unsafe_index")
+def unsafe_index(self, indices):
     return self[_key(self, indices)]
+
+
+@lowers("aten::index")
+def index(self, indices):
+    key = _key(self, indices)
+    for d, i in enumerate(key):
+        if not isinstance(i, slice):
+            _from_empty(self.shape[d], i)
+    _require_key_in(self, key)
+    return self[key]
 
 
 def _is_mask(index) -> bool:
     return index is not None and index.dtype in (jnp.bool_, jnp.uint8)
 
 
-@lowers("aten::index_put", "aten::_unsafe_index_put", "aten::_index_put_impl")
+@lowers("aten::_unsafe_index_put")
+def unsafe_index_put(self, indices, values, accumulate=False):
+    return _index_put(self, indices, values, accumulate, checked=False)
+
+
+@lowers("aten::index_put", "aten::_index_put_impl")
 def index_put(self, indices, values, accumulate=False, unsafe=False):
+    """(eager CPU checks the indices of _index_put_impl also where unsafe=True)"""
+    return _index_put(self, indices, values, accumulate, checked=True)
+
+
+def _index_put(self, indices, values, accumulate, checked):
     values = values.astype(self.dtype)
     if any(_is_mask(i) for i in indices):
         return _masked_put(self, indices, values, accumulate)
-    ref = self.at[_key(self, indices)]
+    key = _key(self, indices)
+    if checked:
+        _require_key_in(self, key)
+    ref = self.at[key]
     return _add_at(ref, values) if accumulate else ref.set(values)
 
 
@@ -175,7 +235,7 @@ def _unsafe_masked_index(self, mask, indices, fill):
     out of range (as torch's decomposition, they are clamped: never read)."""
     key = tuple(None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1)
                 for d, i in enumerate(indices))
-    return jnp.where(mask, index(self, key), _cast(fill, self.dtype))
+    return jnp.where(mask, unsafe_index(self, key), _cast(fill, self.dtype))
 
 
 @lowers("aten::_unsafe_masked_index_put_accumulate")
@@ -183,7 +243,7 @@ def _unsafe_masked_index_put_accumulate(self, mask, indices, values):
     key = tuple(None if i is None else jnp.clip(i, -self.shape[d], self.shape[d] - 1)
                 for d, i in enumerate(indices))
     values = jnp.where(mask, values, jnp.zeros((), values.dtype))
-    return index_put(self, key, values, accumulate=True)
+    return unsafe_index_put(self, key, values, accumulate=True)
 
 
 # -- gather / scatter ---------------------------------------------------------------
@@ -192,8 +252,13 @@ def gather(self, dim, index, *, sparse_grad=False):
     if index.size == 0:  # torch checks nothing of an empty index (its dtype, its rank)
         return jnp.zeros(index.shape, self.dtype)
     if index.ndim == 0 or self.ndim == 0:
-        return _as_1d(self)[_as_1d(index)].reshape(index.shape)
-    dim %= self.ndim
+        dim = 0
+    base = _as_1d(self)
+    dim %= base.ndim
+    _require_in(index, base.shape[dim], negative=False, message=_OUT_OF_BOUNDS % (dim, base.shape[dim]),
+                error=RuntimeError)
+    if index.ndim == 0 or self.ndim == 0:
+        return base[_as_1d(index)].reshape(index.shape)
     source = self[tuple(slice(None) if d == dim else slice(0, n) for d, n in enumerate(index.shape))]
     return jnp.take_along_axis(source, index, axis=dim, mode="promise_in_bounds")
 
@@ -210,10 +275,16 @@ def _scatter(self, dim, index, src, reduce):
         index = index.reshape((1,) * self.ndim)
         src = src.reshape((1,) * self.ndim) if getattr(src, "ndim", 0) == 0 else src
     dim %= self.ndim
+    _require_scatter_index(self, dim, index)
     where = _scatter_coords(index, dim)
     values = (_leading(src, index.shape) if src.ndim else jnp.broadcast_to(src, index.shape)).astype(self.dtype)
     out = self.at[where].set(values) if reduce is None else _reduce_at(self.at[where], values, reduce)
     return out.reshape(shape)
+
+
+def _require_scatter_index(self, dim, index) -> None:
+    _require_in(index, self.shape[dim], negative=False, message=_OUT_OF_BOUNDS % (dim, self.shape[dim]),
+                error=RuntimeError)
 
 
 @lowers("aten::scatter.src", "aten::scatter.reduce")
@@ -239,6 +310,7 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
     if self.ndim == 0 or index.ndim == 0:
         self, index, src = _as_1d(self), _as_1d(index), _as_1d(src)
     dim %= self.ndim
+    _require_scatter_index(self, dim, index)
     out = _reduce_into(self, _scatter_coords(index, dim), _leading(src, index.shape), reduce, include_self)
     return out.reshape(shape)
 
@@ -246,9 +318,38 @@ def scatter_reduce(self, dim, index, src, reduce, *, include_self=True):
 # -- index_* along one dim ------------------------------------------------------------
 @lowers("aten::index_select")
 def index_select(self, dim, index):
+    dim, size = _dim_size(self, dim)
+    _from_empty(size, index)
+    if self.ndim > 1 and (dim == 1 or self.size == 0):  # eager CPU's batched copy, which says it its own way
+        _require_in(index, size, negative=False, error=RuntimeError,
+                    message=f"INDICES element is out of DATA bounds, id={{index}} axis_dim={size}")
+    else:
+        _require_in(index, size, negative=False, message=_OUT_OF_RANGE)
     if self.ndim == 0:
         return self.reshape(1)[index.reshape(-1)].reshape(())
     return jnp.take(self, index.reshape(-1), axis=dim % self.ndim, mode="clip")
+
+
+def _require_long(index) -> None:
+    """index_copy and index_fill take int64 indices only: eager's error, from eager (its meta kernel lets int32 by)."""
+    if index.dtype != jnp.int64:
+        raise NeedsEager("an index that is not int64")
+
+
+def _require_in_or_empty(self, index, dim, size, *, negative, message) -> None:
+    """index_copy's and index_fill's check (`message`: given dim and size):
+    none of an empty self, except that no index fits a dim of size 0 (eager
+    raises a RuntimeError from its storage checks there)."""
+    if size == 0:
+        checks.require(jnp.zeros(index.shape, jnp.bool_), RuntimeError, message % (dim, size), index=index)
+    elif self.size:
+        _require_in(index, size, negative=negative, message=message % (dim, size))
+
+
+def _dim_size(self, dim):
+    """(dim in range, its size), a 0-d tensor as a 1-element one."""
+    dim %= max(self.ndim, 1)
+    return dim, self.shape[dim] if self.ndim else 1
 
 
 def _index_along(self, dim, index, source):
@@ -260,6 +361,14 @@ def _index_along(self, dim, index, source):
 
 @lowers("aten::index_add")
 def index_add(self, dim, index, source, *, alpha=1):
+    dim, size = _dim_size(self, dim)
+    if self.ndim > 1 and dim in (0, self.ndim - 1) and alpha == 1 and index.dtype == jnp.int64:
+        # eager CPU adds through scatter_add here, which says it its own way
+        message, error = _OUT_OF_BOUNDS % (dim, size), RuntimeError
+    else:
+        message, error = _OUT_OF_RANGE, IndexError
+    if self.size:  # eager checks nothing of an empty self
+        _require_in(index, size, negative=False, message=message, error=error)
     base, where, source = _index_along(self, dim, index, source)
     source = source.astype(self.dtype)
     if alpha != 1:
@@ -269,19 +378,26 @@ def index_add(self, dim, index, source, *, alpha=1):
 
 @lowers("aten::index_copy")
 def index_copy(self, dim, index, source):
+    _require_long(index)
+    dim, size = _dim_size(self, dim)
+    _require_in_or_empty(self, index, dim, size, negative=False, message="index_copy_(): " + _OUT_OF_BOUNDS)
     base, where, source = _index_along(self, dim, index, source)
     return base.at[where].set(source.astype(self.dtype)).reshape(self.shape)
 
 
 @lowers("aten::index_fill")
 def index_fill(self, dim, index, value):
+    _require_long(index)
+    dim, size = _dim_size(self, dim)
+    _require_in_or_empty(self, index, dim, size, negative=True, message=_OUT_OF_BOUNDS)
     base = _as_1d(self)
-    where = _along(dim % base.ndim, index.reshape(-1))
+    where = _along(dim, index.reshape(-1))
     return base.at[where].set(_cast(value, self.dtype)).reshape(self.shape)
 
 
 @lowers("aten::index_reduce")
 def index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    _require_in(index, _dim_size(self, dim)[1], negative=False, message=_OUT_OF_RANGE)
     base, where, source = _index_along(self, dim, index, source)
     return _reduce_into(base, where, source, reduce, include_self).reshape(self.shape)
 
@@ -294,7 +410,9 @@ def masked_scatter(self, mask, source):
     flat_mask = jnp.broadcast_to(mask, shape).reshape(-1)
     flat_self = jnp.broadcast_to(self, shape).reshape(-1)
     source = source.reshape(-1).astype(self.dtype)
-    if source.size == 0:  # then no element is masked (eager torch checks)
+    checks.require(flat_mask.sum() <= source.size, RuntimeError,
+                   "Number of elements of source < number of ones in mask")
+    if source.size == 0:  # then no element is masked (checked above)
         return flat_self.reshape(shape)
     position = jnp.cumsum(flat_mask.astype(jnp.int64)) - 1
     taken = source[jnp.clip(position, 0, source.size - 1)]
@@ -303,20 +421,37 @@ def masked_scatter(self, mask, source):
 
 @lowers("aten::take")
 def take(self, index):
+    _require_flat_in(self, index)
     return self.reshape(-1)[index]
+
+
+def _require_flat_in(self, index) -> None:
+    _require_in(index, self.size, negative=True,
+                message=f"out of range: tried to access index {{index}} on a tensor of {self.size} elements.")
 
 
 @lowers("aten::put")
 def put(self, index, source, accumulate=False):
+    _require_flat_in(self, index)
     ref = self.reshape(-1).at[index.reshape(-1)]
     source = source.reshape(-1).astype(self.dtype)
     return (_add_at(ref, source) if accumulate else ref.set(source)).reshape(self.shape)
+
+
+@lowers("aten::one_hot")
+def one_hot(self, num_classes=-1):
+    """(recorded only with num_classes given, functionalization._one_hot: -1
+    makes the shape depend on the data)"""
+    checks.require(self >= 0, RuntimeError, "Class values must be non-negative.")
+    checks.require(self < num_classes, RuntimeError, "Class values must be smaller than num_classes.")
+    return (self[..., None] == jnp.arange(num_classes)).astype(jnp.int64)
 
 
 # -- embedding ----------------------------------------------------------------------------
 @lowers("aten::embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """Rows of weight (padding_idx only matters to the backward)."""
+    _require_in(indices, weight.shape[0], negative=False, message=_OUT_OF_RANGE)
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
@@ -334,6 +469,8 @@ def embedding_renorm(self, indices, max_norm, norm_type):
     else:
         norm = (magnitude ** norm_type).sum(axis=-1) ** (1.0 / norm_type)
     norm = norm.astype(self.dtype).astype(jnp.float64)
+    _require_in(indices, self.shape[0], negative=True,
+                message=f"select(): index {{index}} out of range for tensor of size {list(self.shape)} at dimension 0")
     named = jnp.zeros(self.shape[:1], jnp.bool_).at[indices.reshape(-1)].set(True)
     scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1.0)
     scale = scale.astype(self.dtype).astype(wide.dtype)  # eager rounds the scale to the weight's dtype
@@ -346,17 +483,19 @@ def embedding_dense_backward(grad_output, indices, num_weights, padding_idx, sca
     padding_idx contributes nothing; scale_grad_by_freq divides each
     contribution by how often its index occurs. Summed in the gradient's
     dtype, in index order, as eager CPU adds them (bfloat16 sums round at
-    each step there too)."""
+    each step there too). Eager CPU drops an index outside [0, num_weights)
+    without an error (the forward raised on it): negative ones too, which
+    jnp would wrap."""
     dtype = grad_output.dtype
-    flat = indices.reshape(-1)
+    flat = jnp.where(indices.reshape(-1) < 0, num_weights, indices.reshape(-1))
     grad = grad_output.reshape((flat.size,) + grad_output.shape[indices.ndim:])
     rows = (-1,) + (1,) * (grad.ndim - 1)
     if scale_grad_by_freq:
-        counts = jnp.zeros((num_weights,), jnp.int64).at[flat].add(1)
+        counts = jnp.zeros((num_weights,), jnp.int64).at[flat].add(1, mode="drop")
         wide = jnp.float32 if dtype in (jnp.float16, jnp.bfloat16) else dtype
         grad = (grad.astype(wide) / counts[flat].astype(wide).reshape(rows)).astype(dtype)
     grad = jnp.where((flat != padding_idx).reshape(rows), grad, jnp.zeros((), dtype))
-    return jnp.zeros((num_weights,) + grad.shape[1:], dtype).at[flat].add(grad)
+    return jnp.zeros((num_weights,) + grad.shape[1:], dtype).at[flat].add(grad, mode="drop")
 
 
 # -- searches -------------------------------------------------------------------------------
@@ -407,6 +546,8 @@ def _searchsorted(sorted_sequence, values, right, side, sorter):
     right = right or side == "right"
     values = _scalar_array(values, sorted_sequence)
     if sorter is not None:
+        checks.require(checks.in_range(sorter, sorted_sequence.shape[-1], negative=False), RuntimeError,
+                       "torch.searchsorted(): sorter index out of range")
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
     sorted_sequence, values = _common(sorted_sequence, values)
     if sorted_sequence.shape[-1] == 0:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import checks
 from . import jax_dtype, lowers
 
 _HALF = (jnp.float16, jnp.bfloat16)
@@ -521,6 +522,9 @@ def _nll_picked(self, target, weight, ignore_index):
 @lowers("aten::nll_loss_forward", "aten::nll_loss2d_forward")
 def nll_loss_forward(self, target, weight, reduction, ignore_index):
     """(output, total_weight), total_weight 0 when unreduced, as on CPU."""
+    classes = self.shape[0 if self.ndim == 1 else 1]
+    checks.require((target == ignore_index) | checks.in_range(target, classes, negative=False), IndexError,
+                   "Target {index} is out of bounds.", index=target, valid=(0, classes))
     x = _acc(self)
     onehot, w = _nll_picked(x, target, weight, ignore_index)
     class_axis = 0 if x.ndim == 1 else 1

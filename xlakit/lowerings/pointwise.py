@@ -15,9 +15,10 @@ lift them) become arrays of that dtype by `as_dtype`, wrapping as C casts do
 in float32 (`opmath`), as torch's CPU kernels do, and are rounded once by the
 caller's cast.
 
-Not matched: integer division or remainder by zero (eager raises
-ZeroDivisionError; XLA gives a value), an int tensor to a negative Python int
-power (eager raises), and the last bit of some float16 / bfloat16 results
+Integer division or remainder by zero, where XLA gives a value, raises
+eager's RuntimeError("ZeroDivisionError") through an in-graph check
+(checks.require); an int tensor to a negative Python int power runs eagerly,
+which raises as eager does. Not matched: the last bit of some float16 / bfloat16 results
 (eager's scalar and vectorized loops round differently; a lifted Python float
 arrives rounded to the tensor's dtype where eager keeps it in float32).
 """
@@ -31,6 +32,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from .. import checks
 from ..ops import NeedsEager
 from . import category, computation_dtype, jax_dtype, lowers
 
@@ -173,9 +175,18 @@ def _div_floor(a, b):
     return jnp.where(b == 0, a / b, floordiv)
 
 
+def _require_nonzero_divisor(a, b) -> None:
+    """Eager raises on an integer division by zero (of a non-empty result)."""
+    if is_int(a) or is_int(b):
+        shape = jnp.broadcast_shapes(jnp.shape(a), jnp.shape(b))
+        checks.require(jnp.broadcast_to(jnp.asarray(b) != 0, shape), RuntimeError, "ZeroDivisionError")
+
+
 @lowers("aten::div", "aten::true_divide", promote=True)
 def div(self, other, *, rounding_mode=None):
     other = as_dtype(other, self.dtype)
+    if rounding_mode is not None:
+        _require_nonzero_divisor(self, other)
     if rounding_mode == "trunc":
         return _div_trunc(self, other)
     if rounding_mode == "floor":
@@ -185,13 +196,16 @@ def div(self, other, *, rounding_mode=None):
 
 @lowers("aten::floor_divide", promote=True)
 def floor_divide(self, other):
-    return _div_floor(self, as_dtype(other, self.dtype))
+    other = as_dtype(other, self.dtype)
+    _require_nonzero_divisor(self, other)
+    return _div_floor(self, other)
 
 
 def _remainder(a, b):
     if isinstance(a, NUMBER):
         a = as_dtype(a, b.dtype)
     b = as_dtype(b, a.dtype)
+    _require_nonzero_divisor(a, b)
     if a.dtype == jnp.bool_:
         a, b = a.astype(jnp.uint8), b.astype(jnp.uint8)
     mod = jnp.fmod(a, b)  # C's % for integers
@@ -206,6 +220,7 @@ def remainder(self, other):
 @lowers("aten::fmod", promote=True)
 def fmod(self, other):
     other = as_dtype(other, self.dtype)
+    _require_nonzero_divisor(self, other)
     return jnp.fmod(self, other)  # C's fmod, and % for integers
 
 
@@ -227,6 +242,8 @@ def _pow_scalar_exponent(base, exp):
     if exp == 1:
         return base
     if not (is_float(base) or is_complex(base)):
+        if exp < 0:  # eager raises, whatever the data: its message comes from running it
+            raise NeedsEager("an integer tensor to a negative integer power")
         if base.dtype == jnp.bool_:
             return base
         return lax.integer_pow(base, int(exp)) if exp > 0 else _int_pow(base, as_dtype(exp, base.dtype))

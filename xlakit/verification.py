@@ -1,0 +1,175 @@
+"""Reading a step's in-graph checks (checks.py), and what a failed check poisons.
+
+A step's checks come back as one small array, read once per step: right after
+the execution when config.wait_for_execution is set, otherwise at the next
+read of a value or xlakit.wait(), so that tracing the next step still overlaps
+this one. Until then the outputs that depend on a check are *waiting*; a later
+step that reads one makes its own outputs that depend on it wait on the same
+step (no sync for that either).
+
+When a check failed, every value that depends on it is poisoned with eager's
+exception (reading it raises), and the rest of the step stands, as when a
+node cannot be lowered (engine). One exception: a tensor the user made on the
+device or named (tensor.own: `.to`, factories, module parameters, optimizer
+state, xlakit.label) that the step updated in place gets back its value from
+before the step, as eager leaves it when the error stops the program before
+the update (a training step whose batch holds a bad token id loses no
+weights). Where the step donated that old buffer, the executable itself kept
+the old value in the aliased output (lowering._replay), so nothing is lost to
+donation either.
+"""
+from __future__ import annotations
+
+import collections
+import weakref
+
+import numpy as np
+
+from . import sources
+from .checks import StepChecks
+from .ir import DeviceData, Graph, computed_output
+
+
+class Step:
+    """One executed step whose check flags are not read yet."""
+
+    def __init__(self, flags, checks: StepChecks, nodes):
+        self.flags, self.checks, self.nodes = flags, checks.checks, nodes   # nodes: the GraphInfo's NodeInfos
+        self.failed = 0                   # after read(): the bit mask of the checks that failed
+        self.errors: dict[int, Exception] = {}   # eager's exception per failed check
+
+    def read(self) -> Exception | None:
+        """Read the flags (the one read of the step's checks); eager's exception
+        for the first failed check, or None."""
+        rows = np.asarray(self.flags)
+        for k in np.flatnonzero(rows[:, 0] == 0).tolist():
+            check = self.checks[k]
+            node = self.nodes[check.node]
+            self.errors[k] = check.exception(int(rows[k, 1]), node.op, sources.describe(node.source))
+            self.failed |= 1 << k
+        return self.error(self.failed)
+
+    def error(self, mask: int) -> Exception | None:
+        """The first failed check's exception among those in `mask`."""
+        failed = self.failed & mask
+        return self.errors[(failed & -failed).bit_length() - 1] if failed else None
+
+
+class Ledger:
+    """The steps whose checks are not read yet, and per device buffer the
+    checks its value waits on, as (step, bit mask) pairs, with the value to
+    give back if one of them failed."""
+
+    def __init__(self):
+        self.steps: list[Step] = []
+        self.waiting: weakref.WeakKeyDictionary[DeviceData, tuple[frozenset, DeviceData | None]] = \
+            weakref.WeakKeyDictionary()
+        # steps added since `waiting` was last brought up to date: a step whose checks are
+        # read right after it ran (config.wait_for_execution) needs `waiting` only if one failed
+        self._added: list = []
+
+    def inherited(self, graph: Graph) -> list[frozenset] | None:
+        """Per root of `graph`, the unread checks of the outputs it reads (None: it reads none)."""
+        self._settle()
+        if not self.waiting:
+            return None
+        per_param = [self.waiting.get(p, (frozenset(), None))[0] for p in graph.params]
+        if not any(per_param):
+            return None
+        per_node = []
+        for wires in graph.wiring:
+            waits = frozenset()
+            for w in wires:
+                waits |= per_param[w] if w.__class__ is int else per_node[w[0]]
+            per_node.append(waits)
+        return [per_node[n] for n, _ in graph.roots]
+
+    def add(self, graph: Graph, donors: tuple[int, ...], outputs: list[DeviceData], checks: StepChecks, flags,
+            nodes, inherited: list[frozenset] | None) -> None:
+        """Record a step just run: `outputs` are its roots' buffers, `flags` its
+        checks' output (None if it has none)."""
+        step = None
+        if checks.checks:
+            step = Step(flags, checks, nodes)
+            self.steps.append(step)
+        self._added.append((graph.params, donors, outputs, step, checks.root_masks, inherited))
+
+    def _settle(self) -> None:
+        """Bring `waiting` up to date with the steps added."""
+        for params, donors, outputs, step, masks, inherited in self._added:
+            previous = _previous_values(params, outputs)
+            for k, data in enumerate(outputs):
+                waits = set(inherited[k]) if inherited else set()
+                # a donated root paired with its own old value holds that value if a check fails
+                kept = k < len(donors) and previous[k] is params[donors[k]]
+                if step is not None and masks[k] and not kept:
+                    waits.add((step, masks[k]))
+                if waits:
+                    self.waiting[data] = (frozenset(waits), previous[k])
+        self._added.clear()
+
+    def verify(self, live) -> Exception | None:
+        """Read every unread step's checks; poison (or give back) the live
+        values (`live()` lists them) that depend on a failed one. Returns the
+        first failure's exception."""
+        steps, self.steps = self.steps, []
+        first = None
+        for step in steps:
+            error = step.read()
+            first = first or error
+        if first is not None:
+            self._settle()
+            self._poison(steps, live())
+        self.waiting.clear()   # every step is read now
+        self._added.clear()
+        return first
+
+    def _poison(self, steps: list[Step], live) -> None:
+        order = {step: i for i, step in enumerate(steps)}
+        bad = {}
+        for data, (waits, previous) in self.waiting.items():
+            failed = [(step, mask) for step, mask in waits if step.failed & mask]
+            if failed:
+                step, mask = min(failed, key=lambda f: order[f[0]])
+                bad[id(data)] = (step.error(mask), previous)
+        for value in live:
+            value.resolve()
+            if value.data is not None and id(value.data) in bad:
+                error, previous = bad[id(value.data)]
+                if previous is not None and previous.array is not None and id(previous) not in bad:
+                    value.data = previous   # a tensor updated in place: its value before the step
+                else:
+                    value.fail(error)
+            elif value.node is not None:
+                error = _reads(value.node, bad)
+                if error is not None:
+                    value.fail(error)
+
+
+def _previous_values(params: list[DeviceData], outputs: list[DeviceData]) -> list[DeviceData | None]:
+    """Per root, the input that the same user tensor held before the step (its
+    in-place update's old value), where their owners (tensor.own) pair them unambiguously."""
+    def counts(datas):
+        return collections.Counter((d.owner, d.aval) for d in datas if d.owner is not None)
+
+    inputs, roots = counts(params), counts(outputs)
+    by_owner = {(p.owner, p.aval): p for p in params if inputs[(p.owner, p.aval)] == 1}
+    return [by_owner.get((d.owner, d.aval)) if d.owner is not None and roots[(d.owner, d.aval)] == 1 else None
+            for d in outputs]
+
+
+def _reads(node, bad: dict) -> Exception | None:
+    """The error of a poisoned buffer that pending `node` reads, or None."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        for operand in n.operands:
+            data = operand if operand.__class__ is not tuple else computed_output(*operand)
+            if data is None:
+                stack.append(operand[0])
+            elif id(data) in bad:
+                return bad[id(data)][0]
+    return None
