@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import warnings
 
 import jax
@@ -23,7 +24,7 @@ from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "3"
+LOWERING_VERSION = "4"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
@@ -189,11 +190,37 @@ if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
 
 def _replay(graph: Graph, *params):
     outputs: list[list] = []
-    for node, wires in zip(graph.nodes, graph.wiring):
+    for index, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
         operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
-        results = _lower_node(node, operands)
+        # the scope names the node in the HLO's op_name metadata ("jit(_replay)/%12 aten.mm.default/dot"),
+        # which no key sees: xlakit keys the graph, and JAX's disk cache drops locations
+        with jax.named_scope(f"%{index} {node.op}"):
+            results = _lower_node(node, operands)
         outputs.append(results)
     return tuple(outputs[n][i] for n, i in graph.roots)
+
+
+_INSTRUCTION = re.compile(r'\s*(?:ROOT )?%([\w.\-]+) = .*metadata=\{op_name="[^"]*?/%(\d+) ')
+_REDUCER = re.compile(r"to_apply=%([\w.\-]+)")
+_COMPUTATION = re.compile(r"(?:ENTRY )?%([\w.\-]+) .*\{$")
+
+
+def hlo_ops(hlo: str) -> dict[int, tuple[str, ...]]:
+    """Node index -> the names of the optimized HLO instructions it became
+    (fusions, and the instructions fused into them), read from the node scopes
+    in their metadata. Parameters and the bodies of reductions are left out."""
+    reducers = set(_REDUCER.findall(hlo))
+    found: dict[int, list[str]] = {}
+    skipping = False
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            skipping = header.group(1) in reducers
+            continue
+        match = None if skipping or " parameter(" in line else _INSTRUCTION.match(line)
+        if match:
+            found.setdefault(int(match.group(2)), []).append(match.group(1))
+    return {index: tuple(names) for index, names in found.items()}
 
 
 def _lower_node(node: Node, operands: list) -> list:
