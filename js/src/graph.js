@@ -6,7 +6,7 @@
 // groups around it, so graphs of thousands of nodes stay quick.
 import { Graph, layout } from "@dagrejs/dagre";
 import { select } from "d3-selection";
-import { zoom, zoomIdentity } from "d3-zoom";
+import { zoom, zoomIdentity, zoomTransform } from "d3-zoom";
 
 import CSS from "./graph.css";
 
@@ -92,7 +92,7 @@ export class GraphView {
     this.search.addEventListener("input", () => this.find(this.search.value));
     this.search.addEventListener("keydown", (e) => { if (e.key === "Enter") this.next(e.shiftKey ? -1 : 1); });
     const main = html("div", "xg-main", el);
-    this.canvas = svg("svg", { class: "xg-canvas" }, main);
+    this.canvas = svg("svg", { class: "xg-canvas xlakit-graph" }, main);
     this.root = svg("g", {}, this.canvas);
     this.details = html("div", "xg-details", main);
     const legend = html("div", "xg-legend", el);
@@ -254,11 +254,26 @@ export class GraphView {
     this.drawGroup(g, box.x, box.y + HEADER, layer);
   }
 
+  // Open or close group g. A closed group's box stays where the group was on
+  // the screen; an opened group is shown whole (down to a legible size).
   toggle(g) {
+    const before = this.boxes.get("g" + g).getBoundingClientRect();
     if (this.open.has(g)) this.open.delete(g);
     else this.open.add(g);
     for (const a of this.model.ancestors(g)) this.layouts.delete(a);
     this.draw();
+    const after = this.boxes.get("g" + g).getBoundingClientRect();
+    const canvas = this.canvas.getBoundingClientRect();
+    const t = zoomTransform(this.canvas);
+    // the box's top-left corner in graph coordinates, and where on the canvas it goes
+    const gx = (after.left - canvas.left - t.x) / t.k, gy = (after.top - canvas.top - t.y) / t.k;
+    let k = t.k, x = before.left - canvas.left, y = before.top - canvas.top;
+    if (this.open.has(g)) {
+      k = Math.max(0.3, Math.min(1, t.k * Math.min(canvas.width / after.width, canvas.height / after.height)));
+      x = Math.max(4, (canvas.width - (after.width / t.k) * k) / 2);
+      y = Math.min(y, Math.max(4, canvas.height - (after.height / t.k) * k - 4));
+    }
+    select(this.canvas).call(this.zoom.transform, zoomIdentity.translate(x - gx * k, y - gy * k).scale(k));
   }
 
   closeAll() {
@@ -288,16 +303,11 @@ export class GraphView {
     const local = rootCtm.inverse().multiply(ctm);
     const cx = local.e + box.width / 2, cy = local.f + box.height / 2;
     const { width, height } = this.canvas.getBoundingClientRect();
-    const scale = Math.max(0.6, Math.min(1.2, this.currentScale()));
+    const scale = Math.max(0.6, Math.min(1.2, zoomTransform(this.canvas).k));
     select(this.canvas).call(this.zoom.transform,
                              zoomIdentity.translate(width / 2 - cx * scale, height / 2 - cy * scale).scale(scale));
   }
 
-  currentScale() {
-    const t = this.root.getAttribute("transform") || "";
-    const m = /scale\(([\d.e-]+)/.exec(t);
-    return m ? Number(m[1]) : 1;
-  }
 
   // -- search --------------------------------------------------------------
   find(query) {
