@@ -194,7 +194,7 @@ export class GraphView {
     this.drawGroup(0, 0, 0, this.root);
     this.markMatches();
     this.el.dataset.drawMs = (performance.now() - t0).toFixed(1);
-    this.el.dataset.boxes = this.boxes.size;
+    this.el.dataset.boxes = this.root.querySelectorAll(".xg-box").length;
   }
 
   drawGroup(g, ox, oy, parent) {

@@ -17,9 +17,15 @@ CLUSTER_FILLS = ("#f8f9fa", "#eef3fb", "#f3f8ef", "#fbf3ea")
 DONATED, SPLIT, OUTPUT, CHANGED_FILL = "#d93025", "#e37400", "#188038", "#fff3cd"
 
 
+_LAST: list = [None, None]  # (view, svg) of the last call
+
+
 def step_svg(record: StepRecord, previous: StepRecord | None = None) -> str:
     """A step's graph; nodes changed since `previous` (the same cell's last step) marked."""
-    return to_svg(of_record(record, previous), record.graph)
+    view = of_record(record, previous)
+    if _LAST[0] is not view:
+        _LAST[:] = view, to_svg(view, record.graph)
+    return _LAST[1]
 
 
 def to_svg(view: GraphView, graph: GraphInfo) -> str:
@@ -66,6 +72,8 @@ def _dot(view: GraphView, graphviz):
                     draw(c, cluster, depth + 1)
 
     draw(0, graph, 0)
+    if len(boxes) > 60:  # fewer crossing-minimization and placement passes: a large view in well under 1 s
+        graph.graph_attr.update(mclimit="0.3", nslimit="2", nslimit1="2", remincross="false")
     for (a, b), count in edges.items():
         graph.edge(_id(a), _id(b), **({"penwidth": "1.6", "tooltip": f"{count} edges"} if count > 1 else {}))
     return graph

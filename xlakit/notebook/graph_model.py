@@ -20,6 +20,7 @@ from ..record import GraphInfo, Output, StepRecord, Trigger
 
 BUDGET = 120        # boxes a view shows at first; the rest stay in closed groups
 MAX_CHILDREN = 100  # a group with more direct items is split by source line, then into runs
+MAX_HLO_LINES = 16  # of the HLO instructions a node became, the lines shown (all are named in StepRecord.hlo)
 
 
 @dataclasses.dataclass
@@ -124,7 +125,7 @@ def build(graph: GraphInfo, changed: set[int] = frozenset(), cut: set[int] = fro
             user=sources.short(n.source.user) if n.source else "",
             library=(f"{sources.short(n.source.library)} in {n.source.library.function}"
                      if n.source and n.source.library else ""),
-            hlo=tuple(hlo_lines.get(name, name) for name in n.hlo_ops),
+            hlo=_first_lines([hlo_lines.get(name, name) for name in n.hlo_ops]),
             output=i in roots, split=n.split or i in cut, changed=i in changed))
     for k, item in enumerate(items):
         item.group = group_of(item.module)
@@ -166,23 +167,29 @@ def _split(groups: list[Group], g: int, items: list[Item], by_line: bool = True)
 
 def _first_open(view: GraphView, budget: int) -> set[int]:
     """Open groups while the boxes shown stay within budget: shallow ones
-    first, and of those the ones that add the fewest boxes."""
+    first, and of those the ones that add the fewest boxes. Numbered siblings
+    (a ModuleList's blocks: layers.0, layers.1, ...) open all or none, so
+    repeated blocks look alike."""
     groups = view.groups
     shown = len(groups[0].items) + len(groups[0].groups)
     expanded, queue, depth = {0}, [], {0: 0}
 
     def offer(g):
-        for c in groups[g].groups:
-            depth[c] = depth[g] + 1
-            heapq.heappush(queue, (depth[c], len(groups[c].items) + len(groups[c].groups), c))
+        numbered = [c for c in groups[g].groups if groups[c].label.isdigit()]
+        units = [[c] for c in groups[g].groups if c not in numbered] + ([numbered] if numbered else [])
+        for unit in units:
+            more = sum(len(groups[c].items) + len(groups[c].groups) - 1 for c in unit)
+            heapq.heappush(queue, (depth[g] + 1, more, unit))
 
     offer(0)
     while queue:
-        _, children, g = heapq.heappop(queue)
-        if shown + children - 1 <= budget:
-            expanded.add(g)
-            shown += children - 1
-            offer(g)
+        level, more, unit = heapq.heappop(queue)
+        if shown + more <= budget:
+            expanded.update(unit)
+            shown += more
+            for g in unit:
+                depth[g] = level
+                offer(g)
     return expanded
 
 
@@ -234,6 +241,12 @@ def _signatures(graph: GraphInfo) -> list[tuple]:
     return [(n.op, n.args, n.avals, tuple(wire(i, w) for w in n.operands)) for i, n in enumerate(graph.nodes)]
 
 
+def _first_lines(lines: list[str]) -> tuple[str, ...]:
+    if len(lines) <= MAX_HLO_LINES:
+        return tuple(lines)
+    return (*lines[:MAX_HLO_LINES - 1], f"... and {len(lines) - MAX_HLO_LINES + 1} more in the step's HLO")
+
+
 def short_op(op: str) -> str:
     """'aten.mm.default' -> 'mm'; 'aten.add.Tensor' -> 'add.Tensor'."""
     return op.removeprefix("aten.").removesuffix(".default")
@@ -254,7 +267,7 @@ def _hlo_lines(hlo: str) -> dict[str, str]:
         match = _HLO_LINE.match(line)
         if match:
             name = match.group(1)
-            lines[name] = f"{name} = {match.group(2)}"[:200]
+            lines[name] = f"{name} = {match.group(2)}"[:160]
             computation_of[name] = computation
             for called in _CALLS.findall(line):
                 caller[called] = name
@@ -266,9 +279,16 @@ def _hlo_lines(hlo: str) -> dict[str, str]:
 _CUTTING = (Trigger.ITEM, Trigger.CPU, Trigger.FALLBACK, Trigger.SAVE)
 
 
-def of_record(record: StepRecord, previous: StepRecord | None = None, budget: int = BUDGET) -> GraphView:
-    """The view of a step's graph; nodes changed since `previous` (the same cell's last step) marked."""
+_LAST: list = [None, None, None]  # (record, previous, view) of the last call
+
+
+def of_record(record: StepRecord, previous: StepRecord | None = None) -> GraphView:
+    """The view of a step's graph; nodes changed since `previous` (the same cell's last step) marked.
+    One step's display asks for it several times (its HTML, its widget): the last one is kept."""
+    if _LAST[0] is record and _LAST[1] is previous:
+        return _LAST[2]
     same_kind = previous is not None and previous.backend == record.backend
     changed = changed_nodes(record.graph, previous.graph) if same_kind else set()
     cut = {r.node for r in record.graph.roots} if record.trigger in _CUTTING else set()
-    return build(record.graph, changed, cut, record.hlo, budget)
+    _LAST[:] = record, previous, build(record.graph, changed, cut, record.hlo)
+    return _LAST[2]
