@@ -32,7 +32,6 @@ class Item:
     avals: tuple[str, ...]
     group: int
     preds: list[int]          # the items it reads (item indices)
-    index: int                # input number or node number in the GraphInfo
     op: str = ""
     module: str = ""
     user: str = ""            # the user's line ("cell 4 line 3")
@@ -48,11 +47,10 @@ class Item:
 @dataclasses.dataclass
 class Group:
     name: str                 # full path ("model.layers.3"); "" for the whole graph
-    label: str                # what its box says ("3", "cell 4 line 3", "ops 0-99")
+    label: str                # what its box says ("3", "modeling_llama.py:120", "items 1-100")
     parent: int | None
     groups: list[int] = dataclasses.field(default_factory=list)
     items: list[int] = dataclasses.field(default_factory=list)
-    size: int = 0             # items below it, at any depth
 
 
 @dataclasses.dataclass
@@ -60,13 +58,6 @@ class GraphView:
     items: list[Item]
     groups: list[Group]       # groups[0] is the root: the whole graph
     expanded: set[int]        # groups open at first (the root always)
-
-    def ancestors(self, group: int) -> list[int]:
-        chain = []
-        while group is not None:
-            chain.append(group)
-            group = self.groups[group].parent
-        return chain
 
     def marks(self, group: int) -> dict[str, int]:
         """How many items below `group` carry each mark: its closed box shows them."""
@@ -116,11 +107,11 @@ def build(graph: GraphInfo, changed: set[int] = frozenset(), cut: set[int] = fro
         reader = first_reader.get(i)
         module = graph.nodes[reader].module if reader is not None else ""
         items.append(Item("input", f"input {i}" + (f" {p.label}" if p.label else ""), (p.aval or "?",),
-                          0, [], i, module=module, donated=p.donated))
+                          0, [], module=module, donated=p.donated))
     for i, n in enumerate(graph.nodes):
         items.append(Item(
             "node", f"%{i} {short_op(n.op)}", n.avals, 0,
-            [w if isinstance(w, int) else offset + Output(*w).node for w in n.operands], i,
+            [w if isinstance(w, int) else offset + Output(*w).node for w in n.operands],
             op=n.op, module=n.module, args=n.args,
             user=sources.short(n.source.user) if n.source else "",
             library=(f"{sources.short(n.source.library)} in {n.source.library.function}"
@@ -134,8 +125,6 @@ def build(graph: GraphInfo, changed: set[int] = frozenset(), cut: set[int] = fro
         if len(groups[g].items) > MAX_CHILDREN:
             _split(groups, g, items)
     view = GraphView(items, groups, set())
-    for g in reversed(range(len(groups))):  # children come after their parents
-        groups[g].size = len(groups[g].items) + sum(groups[c].size for c in groups[g].groups)
     view.expanded = _first_open(view, budget)
     return view
 

@@ -29,8 +29,8 @@ def to_json(view: GraphView) -> dict:
                            "preds": i.preds, "op": i.op, "module": i.module, "user": i.user,
                            "library": i.library, "args": i.args, "hlo": list(i.hlo), "donated": i.donated,
                            "output": i.output, "split": i.split, "changed": i.changed}) for i in view.items],
-        "groups": [{"name": g.name, "label": g.label, "parent": g.parent, "groups": g.groups,
-                    "items": g.items, "size": g.size} for g in view.groups],
+        "groups": [{"name": g.name, "label": g.label, "parent": g.parent, "groups": g.groups, "items": g.items}
+                   for g in view.groups],
         "expanded": sorted(view.expanded),
     }
 
