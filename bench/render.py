@@ -113,6 +113,11 @@ INTERACTIONS = {
 }
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
 def browser_timings(data: dict, query: str) -> dict[str, float]:
     """Times in the browser; `query` is what the search looks for."""
     from playwright.sync_api import sync_playwright
@@ -121,9 +126,7 @@ def browser_timings(data: dict, query: str) -> dict[str, float]:
     shutil.copy(graph_widget.BUNDLE, root / "graph.js")
     (root / "data.json").write_text(json.dumps(data))
     (root / "index.html").write_text(PAGE)
-    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     results = {}
     try:
@@ -173,7 +176,7 @@ def main():
             row.update(browser_timings(data, query=record.graph.nodes[-1].op))
         rows.append(row)
     columns = [c for c in rows[0] if c != "graph"]
-    print(f"python {sys.version.split()[0]}, torch {torch.__version__}; ms, median of {REPEATS} (dot: 3)\n")
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}; ms, median of {REPEATS} (dot, display: {min(3, REPEATS)})\n")
     for row in rows:
         print(f"### {row['graph']}")
         print("| measure | value |\n|---|---|")
