@@ -4,7 +4,7 @@
 PY ?= python3
 TESTS := pytest -q tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
 
-.PHONY: venv test test-latest test-colab browser lab bench fuzz clean
+.PHONY: venv test test-latest test-colab browser graphviz js lab bench fuzz clean
 
 venv: .venv/.installed
 
@@ -28,16 +28,16 @@ venv: .venv/.installed
 	$*/bin/python scripts/check_stack.py $(STACK)
 	touch $@
 
-test: venv browser
+test: venv browser graphviz
 	.venv/bin/python -m $(TESTS)
 
 # Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
-test-latest: .venv-latest/.installed browser
+test-latest: .venv-latest/.installed browser graphviz
 	.venv-latest/bin/python -m $(TESTS) --ignore notebooks/05_torch_xla.ipynb
 
 # The Colab TPU stack: the whole suite and the notebooks top to bottom. The JupyterLab 4
 # browser test needs ipywidgets 8, so it is not this column's (Colab's frontend is not JupyterLab).
-test-colab: .venv-colab/.installed
+test-colab: .venv-colab/.installed graphviz
 	.venv-colab/bin/python -m $(TESTS) --ignore tests/test_browser.py
 
 # Chromium for the widget test in a real browser (Debian package; Playwright
@@ -47,7 +47,20 @@ browser:
 	  (apt-get update -q && apt-get install -y -q chromium) >/dev/null; } || \
 	  echo "chromium could not be installed: tests/test_browser.py will skip"
 
-lab: venv
+# Graphviz's `dot` lays out the static graph (Debian package; Colab has it). Without it the
+# views fall back to xlakit's own layout, and the tests of the dot layout skip.
+graphviz:
+	@command -v dot >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  (apt-get update -q && apt-get install -y -q graphviz) >/dev/null; } || \
+	  echo "graphviz could not be installed: the static graph falls back to xlakit's own layout"
+
+# The graph widget's JavaScript: js/src and its libraries (package-lock.json) bundled by esbuild
+# into xlakit/notebook/static/graph.js, which is committed (pip installs from git need no node).
+# tests/test_graph_view.py fails when the committed bundle was not built from the committed sources.
+js:
+	cd js && npm ci --no-audit --no-fund && node build.mjs
+
+lab: venv graphviz
 	.venv/bin/jupyter lab notebooks/
 
 bench: venv

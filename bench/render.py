@@ -1,30 +1,189 @@
-"""How long the step view takes for a 5000-node graph (target: under 1 s)."""
+"""How long the step view takes for 5000-node graphs (target: each under 1 s). `--quick`: tiny graphs.
+
+Two graphs: a Llama training step of ~5000 nodes (15 layers: grouped by module)
+and a 5000-op chain with no modules (grouped by source line, then runs).
+In Python: building the view, its static SVG (Graphviz dot), and a step
+view's whole display (HTML and widget). In Chromium (Playwright, Debian's /usr/bin/chromium): the
+graph widget's bundle on a page of its own, given the same data a notebook's
+widget gets: open it, open a closed group, search, click a node. Each is
+timed to the second animation frame after it (the page has painted).
+"""
 from __future__ import annotations
 
+import http.server
+import json
+import os
+import shutil
 import statistics
+import sys
+import tempfile
+import threading
 import time
+from functools import partial
+from pathlib import Path
 
-import torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import xlakit
-from xlakit.notebook import render
+import torch  # noqa: E402
+
+import xlakit  # noqa: E402
+from xlakit.notebook import graph_dot, graph_model, graph_widget, views  # noqa: E402
+
+REPEATS = 5
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def llama_record(layers: int = 15):
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    dev = xlakit.device()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    ids = torch.randint(0, 64, (2, 8)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        xlakit.mark_step()
+    return xlakit.last_step()
+
+
+def chain_record(ops: int = 5000):
+    x = torch.ones(8).to(xlakit.device())
+    for _ in range(ops // 2):
+        x = x * 1.0001
+        x = x + 0.5
+    xlakit.mark_step()
+    return xlakit.last_step()
+
+
+def display(record) -> dict:
+    """What showing a step costs in the kernel: its HTML (static SVG) and its widget, nothing reused."""
+    graph_model._LAST[:] = [None] * 3
+    graph_dot._LAST[:] = [None] * 2
+    return views.StepView(record)._repr_mimebundle_()
+
+
+def median_ms(fn, repeats: int | None = None) -> float:
+    times = []
+    for _ in range(repeats or REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+PAGE = """<html><body style="margin:0"><div id="w" style="width:1300px"></div><script type="module">
+import widget from "./graph.js";
+window.data = await (await fetch("data.json")).json();
+window.open_widget = async () => {
+  const el = document.getElementById("w");
+  el.replaceChildren();
+  const t0 = performance.now();
+  widget.render({model: {get: () => window.data, on() {}, off() {}}, el});
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return [performance.now() - t0, Number(el.dataset.boxes)];
+};
+window.timed = async (action) => {
+  const t0 = performance.now();
+  action();
+  await new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return performance.now() - t0;
+};
+document.body.dataset.ready = "1";
+</script></body></html>"""
+
+# one interaction each, timed in the page: open a closed group and close it again, search (which
+# shows the first match), click a node
+INTERACTIONS = {
+    "open a group": "() => timed(() => { const g = document.querySelector('g.group.closed');"
+                    " window.opened = g.dataset.group; g.dispatchEvent(new MouseEvent('click', {bubbles: true})); })",
+    "close it": "() => timed(() => document.querySelector(`g.xg-frame[data-group='${window.opened}'] .xg-header`)"
+                ".dispatchEvent(new MouseEvent('click', {bubbles: true})))",
+    "search (type, Enter)": "() => timed(() => { const s = document.querySelector('.xg-search');"
+                            " s.value = window.query; s.dispatchEvent(new Event('input'));"
+                            " s.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'})); })",
+    "click a node": "() => timed(() => document.querySelector('g.xlakit-node.node').dispatchEvent("
+                    "new MouseEvent('click', {bubbles: true})))",
+}
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def browser_timings(data: dict, query: str) -> dict[str, float]:
+    """Times in the browser; `query` is what the search looks for."""
+    from playwright.sync_api import sync_playwright
+
+    root = Path(tempfile.mkdtemp(prefix="xlakit-bench-"))
+    shutil.copy(graph_widget.BUNDLE, root / "graph.js")
+    (root / "data.json").write_text(json.dumps(data))
+    (root / "index.html").write_text(PAGE)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    results = {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox",
+                                                                         "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1320, "height": 760})
+            page.goto(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+            page.wait_for_selector("body[data-ready='1']")
+            page.evaluate("q => window.query = q", query)
+            opens, actions = [], {name: [] for name in INTERACTIONS}
+            for _ in range(REPEATS):
+                ms, boxes = page.evaluate("open_widget()")
+                opens.append(ms)
+                for name, script in INTERACTIONS.items():
+                    try:
+                        actions[name].append(page.evaluate(script))
+                    except Exception as e:
+                        raise RuntimeError(f"{name}: {e}") from None
+            results["open (first draw)"] = statistics.median(opens)
+            results.update({name: statistics.median(times) for name, times in actions.items()})
+            results["boxes shown at first"] = boxes
+            browser.close()
+    finally:
+        server.shutdown()
+    return results
 
 
 def main():
-    x = torch.ones(8).to(xlakit.device())
-    for _ in range(2500):
-        x = x * 1.0001
-        x = x + 0.5
-    with xlakit.capture() as steps:
-        xlakit.mark_step()
-    [record] = steps
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        page = render.html_view(record)
-        times.append(time.perf_counter() - t0)
-    print(f"step view of a {record.num_nodes}-node graph: median {statistics.median(times) * 1e3:.1f} ms "
-          f"(target < 1000 ms), {len(page) / 1024:.0f} KiB of HTML")
+    global REPEATS
+    quick = "--quick" in sys.argv  # tiny graphs, once: keeps the harness working (tests/test_bench_smoke.py)
+    if quick:
+        REPEATS = 1
+    layers, ops = (2, 200) if quick else (15, 5000)
+    rows = []
+    for name, make in ((f"Llama step, {layers} layers (by module)", partial(llama_record, layers)),
+                       ("op chain (no modules)", partial(chain_record, ops))):
+        record = make()
+        view = graph_model.of_record(record)
+        data = graph_widget.to_json(view)
+        row = {"graph": f"{name}: {record.num_nodes} nodes, {record.num_inputs} inputs",
+               "view model": median_ms(lambda: graph_model.build(record.graph, hlo=record.hlo)),
+               "static SVG (dot)": median_ms(lambda: graph_dot.to_svg(view, record.graph), min(3, REPEATS)),
+               "display (HTML and widget)": median_ms(lambda: display(record), min(3, REPEATS)),
+               "widget data KiB": len(json.dumps(data)) / 1024}
+        if os.path.exists(CHROMIUM):
+            row.update(browser_timings(data, query=record.graph.nodes[-1].op))
+        rows.append(row)
+    columns = [c for c in rows[0] if c != "graph"]
+    print(f"python {sys.version.split()[0]}, torch {torch.__version__}; ms, median of {REPEATS} (dot, display: {min(3, REPEATS)})\n")
+    for row in rows:
+        print(f"### {row['graph']}")
+        print("| measure | value |\n|---|---|")
+        for c in columns:
+            unit = "" if c.endswith(("KiB", "at first")) else " ms"
+            print(f"| {c} | {row.get(c, float('nan')):.0f}{unit} |")
+        print()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "xlakit"
 # Each module may import only modules of a lower layer (data flows one way:
 # torch ops -> IR -> key -> cache -> executable -> StepRecord -> views).
 LAYERS = [
-    {"version", "config", "ir", "transfer", "ops", "checks"},
+    {"version", "config", "ir", "transfer", "ops", "checks", "scopes"},
     {"record", "sources", "lowerings"},
     {"sharding"},
     {"keys", "cache", "lowering", "analysis"},

@@ -11,3 +11,10 @@ def test_training_benchmark_runs_quick():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
+
+
+def test_render_benchmark_runs_quick():
+    done = subprocess.run([sys.executable, str(BENCH / "render.py"), "--quick"], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| static SVG (dot) |" in done.stdout and "| open (first draw) |" in done.stdout

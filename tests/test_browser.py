@@ -1,9 +1,13 @@
-"""The step widget in a real browser: JupyterLab on loopback, Chromium driven by Playwright.
+"""The step widget in a real browser: JupyterLab 4 and Notebook 7 on loopback,
+Chromium driven by Playwright.
 
-Opens notebooks/01_quickstart.ipynb, runs all cells, and checks that the step
-views rendered: the SVG graph, the key table, the donation table naming a
-parameter. Saves docs/quickstart.png, which the README shows.
+JupyterLab runs notebooks/01_quickstart.ipynb and shows its step views (graph,
+key table, donation table naming a parameter): docs/quickstart.png, which the
+README shows. Both frontends run a small Llama's training steps and use the
+interactive graph: open a closed module group and close it again, search, and
+click a node for its details; a screenshot of each goes to docs/.
 """
+import json
 import os
 import secrets
 import shutil
@@ -17,6 +21,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
@@ -27,6 +32,17 @@ if not os.path.exists(CHROMIUM):
 playwright_api = pytest.importorskip("playwright.sync_api")
 sync_playwright, PlaywrightTimeout = playwright_api.sync_playwright, playwright_api.TimeoutError
 
+LLAMA_CELLS = [
+    "%load_ext xlakit\nimport torch, transformers, xlakit\ntransformers.logging.set_verbosity_error()\n"
+    "dev = xlakit.device()\n"
+    "cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,\n"
+    "                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)\n"
+    "torch.manual_seed(0)\nmodel = transformers.LlamaForCausalLM(cfg).to(dev)\n"
+    "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\nids = torch.randint(0, 64, (2, 8)).to(dev)",
+    *["%%xla_step --name train\nopt.zero_grad()\nmodel(input_ids=ids, labels=ids).loss.backward()\nopt.step()"] * 2,
+    "print('all cells ran')",
+]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -34,17 +50,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _notebook(cells: list[str]) -> dict:
+    return {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
+                       "source": source} for i, source in enumerate(cells)],
+            "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
 @pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lab")
+def notebooks(tmp_path_factory):
+    root = tmp_path_factory.mktemp("notebooks")
     shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root)
+    (root / "llama.ipynb").write_text(json.dumps(_notebook(LLAMA_CELLS)))
+    return root
+
+
+@pytest.fixture(scope="module", params=["lab", "notebook"])
+def server(request, notebooks):
+    """(frontend, base url, token): JupyterLab 4 or Notebook 7 serving `notebooks`."""
+    frontend = request.param
     token, port = secrets.token_hex(12), _free_port()
-    log = open(root / "lab.log", "w")
+    log = open(notebooks / f"{frontend}.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+        [sys.executable, "-m", "jupyter", frontend, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={notebooks}",
          *(["--allow-root"] if os.geteuid() == 0 else [])],
-        stdout=log, stderr=subprocess.STDOUT)
+        stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while time.time() < deadline and proc.poll() is None:
@@ -55,8 +86,8 @@ def lab(tmp_path_factory):
             time.sleep(0.5)
     else:
         proc.kill()
-        pytest.fail(f"JupyterLab did not start: {(root / 'lab.log').read_text()[-2000:]}")
-    yield url, token
+        pytest.fail(f"Jupyter {frontend} did not start: {(notebooks / f'{frontend}.log').read_text()[-2000:]}")
+    yield frontend, url, token
     proc.terminate()
     try:
         proc.wait(20)
@@ -64,47 +95,138 @@ def lab(tmp_path_factory):
         proc.kill()
 
 
-def test_quickstart_renders_the_step_widget(lab):
-    url, token = lab
+@pytest.fixture
+def page():
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1100})
-        page.goto(f"{url}/lab/tree/01_quickstart.ipynb?token={token}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=90_000)
-        # JupyterLab may open a dialog while the kernel starts (it intercepts clicks):
-        # let it close, or accept it
-        try:
-            page.wait_for_selector(".jp-Dialog", state="detached", timeout=15_000)
-        except PlaywrightTimeout:
-            page.locator(".jp-Dialog .jp-mod-accept").first.click()
-        for attempt in range(3):  # the menu item is inert until the notebook has focus
-            page.locator(".jp-Notebook .jp-Cell").first.click()
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-            try:  # the kernel turns busy once the cells run (stored prompts already say [1])
-                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=30_000)
-                break
-            except PlaywrightTimeout:
-                if attempt == 2:
-                    raise
-        # three %%xla_step cells, each drawing its graph; then the final assert cell
-        page.wait_for_function("document.querySelectorAll('svg.xlakit-graph').length >= 3", timeout=240_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=240_000)
-        assert page.locator("svg.xlakit-graph g.xlakit-node").count() > 10
-        key_text = page.locator("table.xlakit-key").last.inner_text()
-        for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
-            assert component in key_text
-        page.locator(".lm-TabBar-tabLabel", has_text="Donation").last.click()
-        donation = page.locator("table.xlakit-donation").last
-        donation.wait_for(state="visible", timeout=10_000)
-        assert "0.weight" in donation.inner_text()
-        errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
-        assert not any("Error" in errors.nth(i).inner_text() for i in range(errors.count()))
-        page.locator(".lm-TabBar-tabLabel", has_text="Graph").last.click()
-        news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
-        if news.count():
-            news.first.click()
-        page.locator("svg.xlakit-graph").last.scroll_into_view_if_needed()
-        page.screenshot(path=str(ROOT / "docs" / "quickstart.png"))
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        yield page
         browser.close()
+        assert not [e for e in errors if "xlakit" in e or "graph" in e], errors
+
+
+def run_all(page, server, name: str) -> None:
+    """Open notebook `name` and run all its cells from the Run menu."""
+    frontend, url, token = server
+    # JupyterLab restores the tabs a previous test left open, unless told to reset its workspace
+    where = f"lab/tree/{name}?reset&" if frontend == "lab" else f"notebooks/{name}?"
+    page.goto(f"{url}/{where}token={token}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
+    # the frontend may open a dialog while the kernel starts (it intercepts clicks): let it close, or accept it
+    try:
+        page.wait_for_selector(".jp-Dialog", state="detached", timeout=15_000)
+    except PlaywrightTimeout:
+        page.locator(".jp-Dialog .jp-mod-accept").first.click()
+    page.wait_for_function("document.querySelector('.jp-Notebook .jp-Cell') !== null")
+    for attempt in range(3):  # the menu item is inert until the notebook has focus and a kernel
+        page.locator(".jp-Notebook .jp-Cell").first.click()
+        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+        try:  # a cell that runs or waits shows [*]
+            page.wait_for_function("[...document.querySelectorAll('.jp-InputPrompt')]"
+                                   ".some(p => p.textContent.includes('*'))", timeout=30_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 2:
+                raise
+    page.wait_for_function("[...document.querySelectorAll('.jp-InputPrompt')]"
+                           ".every(p => !p.textContent.includes('*'))", timeout=300_000)
+    news = page.locator(".jp-toast-button", has_text="No")  # JupyterLab's news prompt
+    if news.count():
+        news.first.click()
+
+
+def no_errors_shown(page) -> None:
+    errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+    assert not any("Error" in errors.nth(i).inner_text() for i in range(errors.count()))
+
+
+def test_quickstart_renders_the_step_widget(server, notebooks, page):
+    if server[0] != "lab":
+        pytest.skip("the README's screenshot is JupyterLab's")
+    run_all(page, server, "01_quickstart.ipynb")
+    # three %%xla_step cells, each drawing its graph widget; then the final assert cell
+    assert page.locator(".xlakit-graph-widget").count() == 3
+    assert page.locator(".xlakit-graph-widget g.xlakit-node").count() > 10
+    key_text = page.locator("table.xlakit-key").last.inner_text()
+    for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
+        assert component in key_text
+    page.locator(".lm-TabBar-tabLabel", has_text="Donation").last.click()
+    donation = page.locator("table.xlakit-donation").last
+    donation.wait_for(state="visible", timeout=10_000)
+    assert "0.weight" in donation.inner_text()
+    no_errors_shown(page)
+    page.locator(".lm-TabBar-tabLabel", has_text="Graph").last.click()
+    page.locator(".xlakit-graph-widget").last.scroll_into_view_if_needed()
+    page.screenshot(path=str(DOCS / "quickstart.png"))
+
+
+# A box fully inside the graph's canvas (boxes outside it are panned away), marked to be clicked;
+# of those, the first whose text has `text`, if any does.
+_PICK = """(widget, [selector, text]) => {
+  document.querySelectorAll('[data-pick]').forEach(n => n.removeAttribute('data-pick'));
+  const c = widget.querySelector('.xg-canvas').getBoundingClientRect();
+  const shown = [...widget.querySelectorAll(selector)].filter(n => { const r = n.getBoundingClientRect();
+    return r.top > c.top && r.bottom < c.bottom && r.left > c.left && r.right < c.right; });
+  const box = shown.find(n => n.textContent.includes(text)) || shown[0];
+  if (box) box.setAttribute('data-pick', '1');
+  return box ? (box.dataset.group ?? box.dataset.item) : null;
+}"""
+
+
+def pick(widget, selector: str, text: str = ""):
+    found = widget.evaluate(_PICK, [selector, text])
+    assert found is not None, f"no {selector} in view"
+    return widget.locator("[data-pick='1']"), found
+
+
+def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebooks, page):
+    frontend, _, _ = server
+    run_all(page, server, "llama.ipynb")
+    no_errors_shown(page)
+    assert "all cells ran" in page.locator(".jp-OutputArea-output").last.inner_text()
+    widgets = page.locator(".xlakit-graph-widget")
+    assert widgets.count() == 2
+    widget = widgets.last  # the second step: the optimizer state is new, so some nodes are marked changed
+    output = widget.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea-output')]")
+    widget.scroll_into_view_if_needed()
+    assert widget.locator("g.xlakit-node.changed").count() > 0
+    assert widget.locator("g.xlakit-node.group.closed").count() > 0  # 700+ nodes open grouped
+    output.screenshot(path=str(DOCS / f"graph_{frontend}_open.png"))
+
+    # open a closed module group: its boxes appear inside its frame; close it from its title
+    before = int(widget.get_attribute("data-boxes"))
+    group, index = pick(widget, "g.xlakit-node.group.closed", "self_attn")
+    group.click()
+    frame = widget.locator(f"g.xg-frame[data-group='{index}']")
+    frame.wait_for(timeout=5_000)
+    assert int(widget.get_attribute("data-boxes")) > before
+    output.screenshot(path=str(DOCS / f"graph_{frontend}_group.png"))
+    header = frame.locator(".xg-header").first
+    size = header.bounding_box()
+    header.click(position={"x": min(24, size["width"] / 2), "y": size["height"] / 2})  # its title, at the left
+    widget.locator(f"g.closed[data-group='{index}']").wait_for(timeout=5_000)
+    assert int(widget.get_attribute("data-boxes")) == before
+
+    # search: every softmax, forward and backward, of both layers; the first one shown and selected
+    widget.locator(".xg-search").fill("softmax")
+    widget.locator(".xg-search").press("Enter")
+    first, _, found = widget.locator(".xg-found").inner_text().partition(" of ")
+    assert first == "1" and int(found) >= 4
+    selected = widget.locator("g.xlakit-node.selected")
+    assert selected.count() == 1 and "softmax" in selected.text_content()
+    assert "softmax" in widget.locator(".xg-details").inner_text()
+    output.screenshot(path=str(DOCS / f"graph_{frontend}_search.png"))
+
+    # click a node: its op, shapes, module, lines and the HLO instructions it became
+    node, _ = pick(widget, "g.xlakit-node.node:not(.selected)", "bmm")
+    title = node.locator("text").first.text_content().rstrip("…")
+    node.click()
+    assert widget.locator(".xg-title").inner_text().startswith(title)
+    details = widget.locator(".xg-details").inner_text()
+    for row in ("op", "shapes", "module", "user line", "HLO"):
+        assert row in details, details
+    assert widget.locator("g.xlakit-node.selected").count() == 1
+    output.screenshot(path=str(DOCS / f"graph_{frontend}_details.png"))

@@ -444,7 +444,8 @@ def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
     """The entry's GraphInfo for this metadata; built once per (key, metadata)."""
     info = entry.graph_infos.get(key.metadata_digest)
     if info is None:
-        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors, entry.shardings)
+        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors, entry.shardings,
+                                                                    lowering.hlo_ops(entry.hlo))
     return info
 
 
@@ -454,14 +455,15 @@ def _arguments(template) -> str:
     return ", ".join([*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs)])
 
 
-def _graph_info(graph: Graph, donors, shardings) -> GraphInfo:
+def _graph_info(graph: Graph, donors, shardings, hlo_ops: dict[int, tuple[str, ...]]) -> GraphInfo:
     donor_set = set(donors)
     placed = ["one device"] * len(graph.params) if shardings is None else [t.spec for t in shardings.inputs]
     return GraphInfo(
         nodes=tuple(
             NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source,
-                     args=_arguments(n.template))
-            for n, w in zip(graph.nodes, graph.wiring)
+                     args=_arguments(n.template), module=n.source.module if n.source else "",
+                     hlo_ops=hlo_ops.get(i, ()))
+            for i, (n, w) in enumerate(zip(graph.nodes, graph.wiring))
         ),
         params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set, sharding=placed[i])
                      for i, p in enumerate(graph.params)),

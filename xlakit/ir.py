@@ -59,14 +59,16 @@ class Frame:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Source:
     """Where an op was recorded: the user's line and, when that line called
-    into a library (transformers, ...), the library's innermost line.
-    Metadata: shown, never hashed into the key."""
+    into a library (transformers, ...), the library's innermost line; and the
+    module path that ran it (scopes.py). Metadata: shown, never hashed into the key."""
 
     user: Frame | None
     library: Frame | None = None
+    module: str = ""
 
     def __str__(self) -> str:
-        return " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
+        where = " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
+        return f"{where} [{self.module}]" if self.module else where
 
 
 class DeviceData:

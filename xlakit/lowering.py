@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import warnings
 
 import jax
@@ -208,10 +209,13 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
         for position, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
             operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
             checks.at_node(position)
-            if node.op is sharding.MARK_SHARDING:
-                results = sharding.constrain(node, operands)
-            else:
-                results = _lower_node(node, operands)
+            # the scope names the node in the HLO's op_name metadata ("jit(_replay)/%12 aten.mm.default/dot"),
+            # which no key sees: xlakit keys the graph, and JAX's disk cache drops locations
+            with jax.named_scope(f"%{position} {node.op}"):
+                if node.op is sharding.MARK_SHARDING:
+                    results = sharding.constrain(node, operands)
+                else:
+                    results = _lower_node(node, operands)
             if trace is not None:
                 mask = trace.depend(wires)
                 for i, result in enumerate(results):
@@ -235,6 +239,29 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
     if not trace:
         return roots
     return (*roots, trace.flags())
+
+
+_INSTRUCTION = re.compile(r'\s*(?:ROOT )?%([\w.\-]+) = .*metadata=\{op_name="[^"]*?/%(\d+) ')
+_REDUCER = re.compile(r"to_apply=%([\w.\-]+)")
+_COMPUTATION = re.compile(r"(?:ENTRY )?%([\w.\-]+) .*\{$")
+
+
+def hlo_ops(hlo: str) -> dict[int, tuple[str, ...]]:
+    """Node index -> the names of the optimized HLO instructions it became
+    (fusions, and the instructions fused into them), read from the node scopes
+    in their metadata. Parameters and the bodies of reductions are left out."""
+    reducers = set(_REDUCER.findall(hlo))
+    found: dict[int, list[str]] = {}
+    skipping = False
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            skipping = header.group(1) in reducers
+            continue
+        match = None if skipping or " parameter(" in line else _INSTRUCTION.match(line)
+        if match:
+            found.setdefault(int(match.group(2)), []).append(match.group(1))
+    return {index: tuple(names) for index, names in found.items()}
 
 
 def _lower_node(node: Node, operands: list) -> list:

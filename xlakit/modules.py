@@ -12,7 +12,8 @@ import weakref
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from . import labels
+from . import labels, scopes
+from .engine import current
 from .frontend import DEVICE
 
 _SEEN: weakref.WeakSet = weakref.WeakSet()  # not ids: ids of dead modules are reused
@@ -115,10 +116,13 @@ _MOVING = _Moving()
 
 
 def install() -> None:
-    """Name and rebase parameters at a module's first forward; keep shared tensors shared."""
+    """Name and rebase parameters at a module's first forward; keep shared tensors shared;
+    name each op by the module that records it."""
     # torch.compile warns that global module hooks fire once more for its wrapper
     # module; ours is idempotent, so that is harmless.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
     torch.nn.modules.module.register_module_forward_pre_hook(_on_first_forward)
+    scopes.install()
+    current().before_step.append(scopes.forget_optimizer_steps)
     torch.nn.Module._apply = _apply(torch.nn.Module._apply)
     torch.nn.Module.load_state_dict = _load_state_dict(torch.nn.Module.load_state_dict)

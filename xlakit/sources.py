@@ -16,6 +16,7 @@ import sysconfig
 import threading
 import warnings
 
+from . import scopes
 from .ir import Frame, Source
 
 _XLAKIT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -69,20 +70,21 @@ def recorded_at(source: Source | None):
 
 
 def capture() -> Source | None:
-    """The innermost user line and the innermost library line below it."""
+    """The innermost user line, the innermost library line below it, and the module path."""
     if _RECORDED_AT.source is not None:
         return _RECORDED_AT.source
+    module = scopes.current()
     frame = sys._getframe(1)
     library = None
     while frame is not None:
         code = frame.f_code
         kind = _kind(code.co_filename)
         if kind == USER:
-            return Source(Frame(code.co_filename, frame.f_lineno, code.co_name), library)
+            return Source(Frame(code.co_filename, frame.f_lineno, code.co_name), library, module)
         if kind == LIBRARY and library is None:
             library = Frame(code.co_filename, frame.f_lineno, code.co_name)
         frame = frame.f_back
-    return Source(None, library) if library is not None else None
+    return Source(None, library, module) if library is not None or module else None
 
 
 def user_line() -> str | None:

@@ -10,7 +10,7 @@ import html
 from .. import keys
 from .. import record as record_text
 from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
-from . import graph_svg, sharding_view
+from . import graph_dot, sharding_view
 
 STYLE = """<style>
 .xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
@@ -55,7 +55,7 @@ def html_view(record: StepRecord, name: str | None = None, previous: StepRecord 
 def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) -> list[tuple[str, str]]:
     """(title, html) per view section; the widget puts each in a tab."""
     sections = [
-        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_svg.to_svg(record.graph)}</div>'),
+        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_dot.step_svg(record, previous)}</div>'),
         ("Key", "<h4>Key</h4>" + key_table(record, previous)),
         ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
         ("Donation", "<h4>Donation</h4>" + donation_table(record)),

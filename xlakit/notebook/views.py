@@ -41,9 +41,12 @@ class StepView(Displayed):
         """Tabs (Graph, Key, Why, Donation, Cache and time[, HLO]) under a one-line header."""
         import ipywidgets
 
+        from . import graph_widget
+
         sections = render.sections_html(self.record, self.previous, self.hlo)
-        tabs = ipywidgets.Tab(children=[ipywidgets.HTML(render.STYLE + f'<div class="xlakit-step">{body}</div>')
-                                        for _, body in sections],
+        tabs = ipywidgets.Tab(children=[graph_widget.step_widget(self.record, self.previous) if title == "Graph"
+                                        else ipywidgets.HTML(render.STYLE + f'<div class="xlakit-step">{body}</div>')
+                                        for title, body in sections],
                               titles=[title for title, _ in sections])
         header = ipywidgets.HTML(render._header_html(self.record, self.name))
         return ipywidgets.VBox([header, tabs])

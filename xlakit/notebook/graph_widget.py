@@ -1,0 +1,39 @@
+"""The interactive graph: an anywidget widget (JupyterLab, Notebook 7, VS Code,
+Colab) that draws a GraphView sent as plain data; the JavaScript, built from
+js/src with its layout library (dagre) inside, is xlakit/notebook/static/graph.js."""
+from __future__ import annotations
+
+import pathlib
+
+import anywidget
+import traitlets
+
+from ..record import StepRecord
+from .graph_model import GraphView, of_record
+
+BUNDLE = pathlib.Path(__file__).parent / "static" / "graph.js"
+
+
+class GraphWidget(anywidget.AnyWidget):
+    _esm = BUNDLE
+    data = traitlets.Dict().tag(sync=True)
+
+
+def to_json(view: GraphView) -> dict:
+    """The view as the widget reads it (fields that are empty or false left out)."""
+    def compact(fields: dict) -> dict:
+        return {k: v for k, v in fields.items() if v not in ("", [], False) or k == "group"}
+
+    return {
+        "items": [compact({"kind": i.kind, "title": i.title, "avals": list(i.avals), "group": i.group,
+                           "preds": i.preds, "op": i.op, "module": i.module, "user": i.user,
+                           "library": i.library, "args": i.args, "hlo": list(i.hlo), "donated": i.donated,
+                           "output": i.output, "split": i.split, "changed": i.changed}) for i in view.items],
+        "groups": [{"name": g.name, "label": g.label, "parent": g.parent, "groups": g.groups, "items": g.items}
+                   for g in view.groups],
+        "expanded": sorted(view.expanded),
+    }
+
+
+def step_widget(record: StepRecord, previous: StepRecord | None = None) -> GraphWidget:
+    return GraphWidget(data=to_json(of_record(record, previous)))

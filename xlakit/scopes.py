@@ -1,0 +1,129 @@
+"""Which module recorded an op: the module path the graph view groups nodes by.
+
+torch's global module hooks keep a stack of the modules being called; a
+module's path is the name the outermost one's `named_modules()` gives it
+("model.layers.3.self_attn"), "" for the outermost itself and outside every
+module. An optimizer's step is "optimizer". An op a backward pass records is
+named after the forward op it differentiates, found by autograd's sequence
+number (an autograd node keeps the number its forward op was recorded at):
+"backward.model.layers.3.self_attn", or "backward" for a top-level op.
+Sequence numbers count per thread: a forward run on another thread than
+its backward's neighbours may be misnamed (names are metadata, never keyed).
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import weakref
+
+import torch
+
+OPTIMIZER, BACKWARD = "optimizer", "backward"
+
+
+class _Stack(threading.local):
+    def __init__(self):
+        self.entries: list[tuple[object, str]] = []  # (module or optimizer, path), outermost first
+
+
+_STACK = _Stack()
+# The sequence numbers at which the path changed, and the path from each on: a
+# backward op looks its forward op's number up here. Bounded; the oldest go first.
+_SEQUENCE: list[int] = []
+_PATHS: list[str] = []
+_LIMIT = 1 << 16
+_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # outermost module -> {module: name}
+
+
+_autograd_node = torch._C._current_autograd_node  # bound once: current() runs for every recorded op
+
+
+def current() -> str:
+    """The path of the code recording an op now."""
+    node = _autograd_node()
+    entries = _STACK.entries
+    if node is None:
+        return entries[-1][1] if entries else ""
+    # a backward pass; a module running inside it is a checkpoint's recomputation
+    path = entries[-1][1] if entries else _forward_path(node._sequence_nr())
+    return f"{BACKWARD}.{path}" if path else BACKWARD
+
+
+def _forward_path(sequence_nr: int) -> str:
+    at = bisect.bisect_right(_SEQUENCE, sequence_nr) - 1
+    return _PATHS[at] if at >= 0 else ""
+
+
+def _mark(path: str) -> None:
+    """From the next autograd node on, forward ops run in `path`."""
+    number = torch.autograd._get_sequence_nr()
+    if _SEQUENCE and _SEQUENCE[-1] == number:  # no node since the last change: replace it
+        _PATHS[-1] = path
+        return
+    if _PATHS and _PATHS[-1] == path:
+        return
+    if len(_SEQUENCE) >= _LIMIT:
+        del _SEQUENCE[: _LIMIT // 2], _PATHS[: _LIMIT // 2]
+    _SEQUENCE.append(number)
+    _PATHS.append(path)
+
+
+def _name(root, module: torch.nn.Module, parent: str) -> str:
+    if not isinstance(root, torch.nn.Module):  # a module called by an optimizer's step
+        return f"{parent}.{type(module).__name__}"
+    names = _NAMES.get(root)
+    if names is None or module not in names:
+        names = _NAMES[root] = weakref.WeakKeyDictionary({m: n for n, m in root.named_modules()})
+        if module not in names:  # called, but not a submodule: named by its type, under its caller
+            names[module] = f"{parent}.{type(module).__name__}" if parent else type(module).__name__
+    return names[module]
+
+
+def _enter(owner, path: str) -> None:
+    _STACK.entries.append((owner, path))
+    _mark(path)
+
+
+def _leave(owner) -> None:
+    entries = _STACK.entries
+    for at in range(len(entries) - 1, -1, -1):
+        if entries[at][0] is owner:
+            del entries[at:]  # and whatever an exception left above it
+            _mark(entries[-1][1] if entries else "")
+            return
+
+
+def _module_entered(module, args) -> None:
+    if torch.compiler.is_compiling():
+        return
+    entries = _STACK.entries
+    _enter(module, _name(entries[0][0], module, entries[-1][1]) if entries else "")
+
+
+def _module_left(module, args, output) -> None:
+    if not torch.compiler.is_compiling():
+        _leave(module)
+
+
+def _optimizer_stepping(optimizer, args, kwargs) -> None:
+    _enter(optimizer, OPTIMIZER)
+
+
+def _optimizer_stepped(optimizer, args, kwargs) -> None:
+    _leave(optimizer)
+
+
+def forget_optimizer_steps() -> None:
+    """At a step marker, no optimizer step is running: drop one a raising step left."""
+    entries = _STACK.entries
+    entries[:] = [e for e in entries if not isinstance(e[0], torch.optim.Optimizer)]
+
+
+def install() -> None:
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+
+    module.register_module_forward_pre_hook(_module_entered)
+    module.register_module_forward_hook(_module_left, always_call=True)
+    optimizer.register_optimizer_step_pre_hook(_optimizer_stepping)
+    optimizer.register_optimizer_step_post_hook(_optimizer_stepped)
