@@ -13,8 +13,8 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "xlakit"
 LAYERS = [
     {"version", "config", "ir", "transfer", "ops"},
     {"record", "sources", "lowerings"},
-    {"keys", "cache", "lowering", "analysis"},
-    {"stages", "eager"},
+    {"keys", "cache", "lowering", "analysis", "footprint"},
+    {"stages", "eager", "flops"},
     {"engine"},
     {"tensor"},
     {"frontend"},

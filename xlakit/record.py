@@ -195,6 +195,8 @@ def text(record: StepRecord, name: str | None = None, changed: Collection[str] =
                  f"{'  *changed*' if 'metadata' in changed else ''}")
     lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
     lines += [f"  donation: {line}" for line in donation_lines(record)]
+    lines += [f"  memory: {line}" for line in memory_lines(record)]
+    lines.append(f"  cost: {cost_line(record)}")
     return "\n".join(lines)
 
 
@@ -233,6 +235,44 @@ def donation_lines(record: StepRecord) -> list[str]:
     if record.donation_note:
         lines.append(f"  not donated: {record.donation_note}")
     return lines
+
+
+def memory_lines(record: StepRecord) -> list[str]:
+    """The executable's memory per device in one line, and a second one when its
+    peak exceeds the device's memory."""
+    m = record.memory
+    if m is None:
+        return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
+    per = "per device" + (f" (each of {m.devices} devices)" if m.devices > 1 else "")
+    aliased = f", {human_bytes(m.aliased)} of them into donated inputs" if m.aliased else ""
+    lines = [f"peak {human_bytes(m.peak)} {per}: arguments {human_bytes(m.arguments)}, "
+             f"outputs {human_bytes(m.outputs)}{aliased}, temporaries {human_bytes(m.temporaries)}"]
+    if over_limit(m):
+        lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
+                     "this step will likely run out of memory")
+    return lines
+
+
+def over_limit(memory: MemoryInfo | None) -> bool:
+    return memory is not None and memory.device_limit is not None and memory.peak > memory.device_limit
+
+
+def cost_line(record: StepRecord) -> str:
+    c = record.cost
+    if c is None:
+        return f"unknown ({record.backend} gives no cost analysis of this executable)"
+    return (f"{human_flops(c.flops)}, {human_bytes(round(c.bytes_accessed))} accessed per device "
+            "(XLA's estimates)")
+
+
+def human_flops(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("", "k", "M", "G"):
+        if abs(n) < 1000:
+            return f"{n:.0f} FLOP" if unit == "" else f"{n:.1f} {unit}FLOP"
+        n /= 1000
+    return f"{n:.1f} TFLOP"
 
 
 def human_bytes(n: int | None) -> str:
