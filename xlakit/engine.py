@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import warnings
 
 import jax
 import torch
@@ -370,12 +369,12 @@ def _warn_if_too_big(memory, graph: Graph) -> None:
     if memory is None or memory.device_limit is None or memory.peak <= memory.device_limit:
         return
     largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
-    warnings.warn(
+    sources.warn(
         f"xlakit: this step needs {memory.peak:,} bytes per device at its peak, more than the device's "
         f"{memory.device_limit:,} (arguments {memory.arguments:,}, outputs {memory.outputs:,}, "
         f"temporaries {memory.temporaries:,}); largest inputs: "
         + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
-        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", stacklevel=2)
+        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", sources.capture())
 
 
 def _depends_on(node: Node, target: Node) -> bool:
