@@ -77,10 +77,10 @@ def test_modules_add_up_and_backward_counts_toward_its_module():
     mm = dict(op="aten.mm.default", avals=["f32[4,8]"], operands=[0, 1], args="$0, $1")   # 2*4*8*8 = 512
     add = dict(op="aten.add.Tensor", avals=["f32[4,8]"], operands=[0, 0])                 # 32
     graph = GraphInfo(nodes=(
+        node(module="encoder.layer.1", **mm),
         node(module="encoder.layer.0", **mm),
         node(module="encoder.layer.0.attn", **mm),
         node(module="backward.encoder.layer.0.attn", **mm),
-        node(module="encoder.layer.1", **mm),
         node(module="optimizer", **add),
         node(module="", **add),            # the step's own (the loss)
         node(module="backward", **add),    # the loss's backward
@@ -98,6 +98,7 @@ def test_modules_add_up_and_backward_counts_toward_its_module():
     html = panels._tree_html(tree, tree.flops, 0)
     assert html.count("<details") == 4 and "attn" in html     # modules with submodules fold
     assert "2 ops of its own" in html and ", 1 op<" in html
+    assert html.index('title="encoder.layer.0"') < html.index('title="encoder.layer.1"')   # a list in its order
     assert "(512 FLOP backward)" in html
 
 

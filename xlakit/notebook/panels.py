@@ -12,7 +12,7 @@ from .. import flops, footprint
 from ..flops import ModuleCost
 from ..record import StepRecord, cost_line, human_bytes, human_flops, memory_lines, over_limit
 
-OPEN_LEVELS = 2      # module tree levels shown open; deeper ones open on a click
+OPEN_LEVELS = 3      # module tree levels shown open; deeper ones open on a click
 TOP_OPS = 10
 
 
@@ -122,19 +122,27 @@ def _versus(estimate: float, cost) -> str:
 
 
 def _tree_html(cost: ModuleCost, total: float, depth: int) -> str:
-    label = (f'<span class="name" title="{html.escape(cost.path)}">{html.escape(cost.name)}</span> '
+    # names in a column as wide at every depth, so the bars line up
+    label = (f'<span class="name" style="display:inline-block;width:calc(20em - {depth * 14}px)" '
+             f'title="{html.escape(cost.path)}">{html.escape(cost.name)}</span> '
              f"{_share_bar(cost.flops, total)} {human_flops(cost.flops)}"
              + (f" ({human_flops(cost.backward)} backward)" if cost.backward else "")
              + f", {_ops(cost.ops)}")
     if not cost.children:
         return f'<div class="leaf">{label}</div>'
     own = cost.ops - sum(c.ops for c in cost.children.values())
-    children = "".join(_tree_html(c, total, depth + 1)
-                       for c in sorted(cost.children.values(), key=lambda c: -c.flops))
+    children = "".join(_tree_html(c, total, depth + 1) for c in _in_order(cost.children))
     if own:
         children += f'<div class="leaf">{_ops(own)} of its own</div>'
     return (f"<details{' open' if depth < OPEN_LEVELS else ''}><summary>{label}</summary>"
             f"{children}</details>")
+
+
+def _in_order(children: dict[str, ModuleCost]) -> list[ModuleCost]:
+    """A list's items (layers.0, layers.1, ...) in their order; other modules most FLOPs first."""
+    if all(name.isdigit() for name in children):
+        return [children[name] for name in sorted(children, key=int)]
+    return sorted(children.values(), key=lambda c: -c.flops)
 
 
 def _ops(n: int) -> str:

@@ -20,6 +20,7 @@ STYLE = """<style>
 .xlakit-step .xlakit-warning{background:#fce8e6;border:1px solid #d93025;padding:4px 8px;margin:4px 0}
 .xlakit-step .xlakit-cost-tree{font-family:monospace;font-size:12px}.xlakit-step td.num{white-space:nowrap}
 .xlakit-step .xlakit-cost-tree details,.xlakit-step .xlakit-cost-tree .leaf{margin-left:14px}
+.xlakit-step .xlakit-cost-tree .leaf{padding-left:14px}
 </style>"""
 
 
