@@ -148,11 +148,14 @@ def test_memory_panel_names_the_largest_buffers_and_their_donation(dev):
     new = next(b for b in footprint.buffers(record) if b.label == "0.weight (new value)")
     assert new.kind == "output" and new.note == f"written into input {aliases[new.index]} (donated)"
     html = panels.memory_html(record)
-    for shown in ("arguments", "temporaries", "peak", "0.weight.momentum_buffer", "32.0 KiB",
+    for shown in ("arguments", "temporaries", "= allocated", "peak", "0.weight.momentum_buffer", "32.0 KiB",
                   "not reported by the device"):
         assert shown in html
     assert "xlakit-warning" not in html
+    assert memory.allocated == memory.arguments + memory.outputs - memory.aliased + memory.temporaries + memory.code
+    assert memory.peak <= memory.allocated
     text = render.text(record)
+    assert f"allocated {human_bytes(memory.allocated)} = arguments {human_bytes(memory.arguments)}" in text
     assert f"memory: peak {human_bytes(memory.peak)} per device" in text
     assert "cost: " in text and "(XLA's estimates)" in text
 
@@ -206,4 +209,16 @@ def test_history_shows_peak_memory(dev):
     peak = human_bytes(record.memory.peak)
     assert peak in history_text([("cell 1", record)]).splitlines()[1]
     assert f"<td>{peak}</td>" in history_html([("cell 1", record)])
+    del y
+
+
+def test_the_widget_has_a_titled_tab_per_section(dev):
+    from xlakit.notebook.views import StepView
+
+    y = torch.ones(4).to(dev) * 2
+    xlakit.mark_step()
+    tabs = StepView(xlakit.last_step()).widget().children[1]
+    # set one by one: ipywidgets 7 (Colab's) ignores Tab(titles=...)
+    assert [tabs.get_title(i) for i in range(len(tabs.children))] == \
+        ["Graph", "Key", "Why", "Donation", "Cache and time", "Memory", "Cost"]
     del y

@@ -121,6 +121,12 @@ class MemoryInfo:
     devices: int = 1       # devices that each hold this much (one program per device)
     device_limit: int | None = None   # the device's memory, where its runtime says (GPU, TPU)
 
+    @property
+    def allocated(self) -> int:
+        """Bytes of all the executable's buffers and code, each held once: more than
+        `peak` where buffers of its schedule are not all live at once."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
 
 @dataclasses.dataclass(frozen=True)
 class CostInfo:
@@ -238,15 +244,16 @@ def donation_lines(record: StepRecord) -> list[str]:
 
 
 def memory_lines(record: StepRecord) -> list[str]:
-    """The executable's memory per device in one line, and a second one when its
-    peak exceeds the device's memory."""
+    """The executable's memory per device in one line (its peak, and what it
+    allocates, as a sum), and a second one when the peak exceeds the device's memory."""
     m = record.memory
     if m is None:
         return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
     per = "per device" + (f" (each of {m.devices} devices)" if m.devices > 1 else "")
-    aliased = f", {human_bytes(m.aliased)} of them into donated inputs" if m.aliased else ""
-    lines = [f"peak {human_bytes(m.peak)} {per}: arguments {human_bytes(m.arguments)}, "
-             f"outputs {human_bytes(m.outputs)}{aliased}, temporaries {human_bytes(m.temporaries)}"]
+    code = f" + code {human_bytes(m.code)}" if m.code else ""
+    lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "
+             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)} "
+             f"- {human_bytes(m.aliased)} written into donated inputs + temporaries {human_bytes(m.temporaries)}{code}"]
     if over_limit(m):
         lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
                      "this step will likely run out of memory")

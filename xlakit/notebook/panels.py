@@ -28,16 +28,17 @@ def memory_html(record: StepRecord) -> str:
                          "of memory. Use smaller batches, donation, or shard it.</div>")
         each = f"each of {m.devices} devices" if m.devices > 1 else "the device"
         rows = [("arguments", m.arguments, "the step's inputs: parameters, optimizer state, data, scalars"),
-                ("outputs", m.outputs, "the values it computes"),
-                ("into donated inputs", m.aliased,
+                ("+ outputs", m.outputs, "the values it computes"),
+                ("- into donated inputs", m.aliased,
                  "outputs written into donated inputs' buffers: counted in both above, held once"),
-                ("temporaries", m.temporaries, "intermediate buffers (activations, ...)"),
-                ("peak", m.peak, "the most held at once in XLA's schedule: at most arguments + outputs - "
-                                 "donated + temporaries, since not all are live together"),
+                ("+ temporaries", m.temporaries, "XLA's scratch space for intermediates (activations, ...)"),
+                ("= allocated", m.allocated, "every buffer of the executable, each held once"),
+                ("peak", m.peak, "the most bytes of buffers live at once in XLA's schedule (not all are live "
+                                 "together, so at most the allocated sum)"),
                 ("device memory", m.device_limit, "what the device has" if m.device_limit is not None
                  else "not reported by the device's runtime (a CPU's is not)")]
         if m.code:
-            rows.insert(4, ("generated code", m.code, "the executable's code, held on the device"))
+            rows.insert(4, ("+ generated code", m.code, "the executable's code, held on the device"))
         body = "".join(f'<tr><td>{name}</td><td class="num">{human_bytes(n)}</td>'
                        f"<td>{html.escape(what)}</td></tr>" for name, n, what in rows)
         parts.append(f"<div>What {each} holds while the step runs, from XLA's memory analysis of the compiled "
@@ -48,9 +49,10 @@ def memory_html(record: StepRecord) -> str:
 
 
 def _memory_bars(m) -> str:
-    """Bars of arguments, outputs, temporaries and peak; the device's memory as a red line."""
+    """Bars of arguments, outputs, temporaries, allocated and peak; the device's memory as a red line."""
     bars = [("arguments", m.arguments, "#8ab4f8"), ("outputs", m.outputs, "#81c995"),
-            ("temporaries", m.temporaries, "#fdd663"), ("peak", m.peak, "#5f6368")]
+            ("temporaries", m.temporaries, "#fdd663"), ("allocated", m.allocated, "#9aa0a6"),
+            ("peak", m.peak, "#5f6368")]
     scale = max([n for _, n, _ in bars] + [m.device_limit or 0]) or 1
     width, left, row = 320, 90, 16
     out = [f'<svg class="xlakit-memory-bars" width="{left + width + 90}" height="{row * len(bars) + 6}" '
