@@ -18,7 +18,7 @@ from . import cache as cache_mod
 from . import eager, keys, lowering, ops, sources, stages, transfer
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
-from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings
+from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, over_limit
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -366,7 +366,7 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
 def _warn_if_too_big(memory, graph: Graph) -> None:
     """Say before the first run that a step cannot fit, with what it holds (an OOM
     on the device names no tensors)."""
-    if memory is None or memory.device_limit is None or memory.peak <= memory.device_limit:
+    if not over_limit(memory):
         return
     largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
     sources.warn(
