@@ -170,6 +170,7 @@ def test_a_peak_over_the_devices_memory_is_a_visible_warning(dev):
     assert 'class="xlakit-warning"' in panels.memory_html(over)
     assert "will likely run out of memory" in render.text(over)
     assert "run out of memory" not in render.text(record)
+    assert "written into donated inputs" not in render.text(record)   # nothing was donated
     # the engine's own warning, before the first run, names the user's line, not xlakit's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -250,10 +250,11 @@ def memory_lines(record: StepRecord) -> list[str]:
     if m is None:
         return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
     per = "per device" + (f" (each of {m.devices} devices)" if m.devices > 1 else "")
+    aliased = f" - {human_bytes(m.aliased)} written into donated inputs" if m.aliased else ""
     code = f" + code {human_bytes(m.code)}" if m.code else ""
     lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "
-             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)} "
-             f"- {human_bytes(m.aliased)} written into donated inputs + temporaries {human_bytes(m.temporaries)}{code}"]
+             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)}"
+             f"{aliased} + temporaries {human_bytes(m.temporaries)}{code}"]
     if over_limit(m):
         lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
                      "this step will likely run out of memory")
