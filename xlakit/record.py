@@ -232,6 +232,8 @@ def why_lines(record: StepRecord) -> list[str]:
 
 def donation_lines(record: StepRecord) -> list[str]:
     if not record.donated:
+        if record.backend is not Backend.XLAKIT and record.cache is Cache.HIT:
+            return [f"unknown: {record.donation_note}"]   # torch_xla says only when it compiles
         return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
     total = record.donated_bytes
     lines = [f"{len(record.donated)} buffer(s) donated"
@@ -239,7 +241,7 @@ def donation_lines(record: StepRecord) -> list[str]:
     lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
               for d in record.donated if d.index is not None]  # torch_xla says how many, not which
     if record.donation_note:
-        lines.append(f"  not donated: {record.donation_note}")
+        lines.append(f"  {'not donated' if record.backend is Backend.XLAKIT else 'note'}: {record.donation_note}")
     return lines
 
 

@@ -90,7 +90,8 @@ def donation_table(record: StepRecord) -> str:
     body = "".join(f"<tr><td>{_known(d.index)}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
                    f"<td>{_known(d.shape and list(d.shape))}</td><td>{_known(d.dtype)}</td>"
                    f"<td>{human_bytes(d.nbytes)}</td></tr>" for d in record.donated)
-    note = f"<div>not donated: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
+    label = "not donated" if record.backend is Backend.XLAKIT else "note"
+    note = f"<div>{label}: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
     return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
             f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
 
