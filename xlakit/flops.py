@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import re
 from collections import Counter, defaultdict
@@ -43,16 +44,21 @@ _OTHER_MATMULS = {"matmul": 0, "mv": 0, "dot": 0, "linear": 0, "addmv": 1, "addb
 
 def node_flops(graph: GraphInfo, node: NodeInfo) -> float:
     """Estimated floating-point operations of one node (see the module docstring)."""
-    outs = [aval_shape(a) for a in node.avals]
-    ins = [aval_shape(_operand_aval(graph, o)) for o in node.operands]
-    formula = _formula(node.op)
+    return _estimate(node.op, node.avals, tuple(_operand_aval(graph, o) for o in node.operands), node.args)
+
+
+@functools.lru_cache(maxsize=1 << 16)  # a model repeats its layers, and a cache hit redraws the same graph
+def _estimate(op: str, avals: tuple[str, ...], operand_avals: tuple[str | None, ...], args: str) -> float:
+    outs = [aval_shape(a) for a in avals]
+    ins = [aval_shape(a) for a in operand_avals]
+    formula = _formula(op)
     if formula is not None and None not in ins:
         try:
-            args, kwargs = _call_args(node.args, ins)
-            return float(formula(*args, out_val=outs[0] if len(outs) == 1 else tuple(outs), **kwargs))
+            positional, keywords = _call_args(args, ins)
+            return float(formula(*positional, out_val=outs[0] if len(outs) == 1 else tuple(outs), **keywords))
         except Exception:  # noqa: BLE001 - arguments it cannot read: counted by the rules below
             pass
-    name = short_op(node.op).removesuffix("_")
+    name = short_op(op).removesuffix("_")
     out = outs[0] if outs else None
     if name in _OTHER_MATMULS and out is not None:
         k_from = ins[_OTHER_MATMULS[name]] if len(ins) > _OTHER_MATMULS[name] else None
