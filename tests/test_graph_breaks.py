@@ -1,5 +1,6 @@
 """torch.compile(backend="xlakit") and xlakit.explain: exact break counts, checked by hand."""
 import copy
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,16 @@ def test_compiled_resize_takes_the_indices_it_made_on_the_host_to_the_device():
         got = torch.compile(resize, backend="xlakit")(x)
     assert got.device == x.device and len(steps) == 1
     torch.testing.assert_close(got, resize(x))
+
+
+def test_explain_imports_torch_xla_without_its_device_notice():
+    pytest.importorskip("torch_xla")
+    # a fresh process with no PJRT_DEVICE: torch_xla's import picks one and logs it on the root logger
+    program = ("import logging, torch, xlakit\n"
+               "report = xlakit.explain(lambda x: x.sin(), torch.ones(3))\n"
+               "print([p.path for p in report.paths][-1], logging.getLogger().handlers)")
+    env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env,
+                          timeout=600)
+    assert done.stdout.strip() == "torch_xla openxla []"    # it ran, and left logging as it was
+    assert "PJRT_DEVICE" not in done.stderr

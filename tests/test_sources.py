@@ -112,3 +112,22 @@ def test_compiled_nodes_and_warnings_keep_their_own_lines(dev, monkeypatch):
     assert lines["aten.sin.default"] == first + 1 and lines["aten.sub.Tensor"] == first + 2, lines
     assert lines["aten.mul.Tensor"] == first + 3, lines
     assert [w.lineno for w in caught if "_upsample_bilinear2d_aa" in str(w.message)] == [first + 2]
+
+
+def test_fx_nodes_of_a_torch_module_name_no_line_of_torch():
+    # Dynamo's stack trace of a torch.nn module's op holds only torch's and its own
+    # frames (external_utils.py): no line of them is the user's or a library's
+    from xlakit import dynamo
+
+    torch._dynamo.reset()
+    with dynamo.compiled_graphs() as graphs:
+        torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()), backend="xlakit")(torch.ones(2, 4))
+        torch.compile(_scaled, backend="xlakit")(torch.ones(3))
+    module, function = (g.graph for g in graphs)
+    assert [n.source for n in module.nodes] == [None] * len(module.nodes)
+    assert {(n.source.user.file, n.source.user.line) for n in function.nodes} == \
+        {(__file__, _scaled.__code__.co_firstlineno + 1)}
+
+
+def _scaled(x):
+    return (x * 2).sin()

@@ -23,6 +23,9 @@ def test_step_record_from_torch_xla_counters_and_ir():
     assert second.cache == "hit" and second.key == first.key
     text = render.text(second)
     assert "(torch_xla)" in text and "in torch_xla's key" in text
+    # torch_xla counts aliased buffers when it compiles: on a hit they are unknown, not none
+    assert second.components["donor count"] == "unknown"
+    assert "donation: unknown: torch_xla counts the buffers it aliases when it compiles" in text
     del d
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 
 import torch
 from torch.utils._pytree import tree_map_only
@@ -104,7 +105,7 @@ def _lazy_xlakit(fn, args, kwargs):
 
 def _torch_xla_paths(fn, args, kwargs) -> list[PathReport]:
     try:
-        import torch_xla
+        torch_xla = _import_torch_xla()
     except ImportError:
         return []
     from . import torch_xla as adapter
@@ -127,6 +128,26 @@ def _torch_xla_paths(fn, args, kwargs) -> list[PathReport]:
             why.append(f"{executions - 1} execution(s) before the final one (torch_xla does not say where)")
         reports.append(PathReport(name, executions, max(executions - 1, 0), why))
     return reports
+
+
+class _NoDefaultDeviceNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Defaulting to PJRT_DEVICE")
+
+
+def _import_torch_xla():
+    """torch_xla, imported for the user's explain() without its notice on the root
+    logger ("WARNING:root:Defaulting to PJRT_DEVICE=CPU"), which would also leave
+    the root logger printing every library's warnings (logging.basicConfig)."""
+    root, notice, placeholder = logging.getLogger(), _NoDefaultDeviceNotice(), logging.NullHandler()
+    root.addFilter(notice)
+    root.addHandler(placeholder)  # a root logger with a handler is not configured by logging.warning()
+    try:
+        import torch_xla
+    finally:
+        root.removeHandler(placeholder)
+        root.removeFilter(notice)
+    return torch_xla
 
 
 def _increase(before: int, after: int) -> int:

@@ -189,15 +189,16 @@ def _avals(value) -> tuple[str, ...]:
 
 
 def _user_line(node: torch.fx.Node) -> Source | None:
-    """The user code an FX node came from (the innermost frame of Dynamo's stack trace)."""
+    """The user and library code an FX node came from, from Dynamo's stack trace
+    (none for a torch module's op: its frames are torch's and Dynamo's)."""
     trace = node.meta.get("stack_trace") or ""
-    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
-    if not frames:
-        return None
-    # 'File "/path/x.py", line 12, in forward'
-    filename, _, rest = frames[-1].removeprefix('File "').partition('", line ')
-    line, _, function = rest.partition(", in ")
-    return Source(Frame(filename, int(line), function))
+    frames = []
+    for text in trace.splitlines():
+        if text.strip().startswith("File "):  # 'File "/path/x.py", line 12, in forward'
+            filename, _, rest = text.strip().removeprefix('File "').partition('", line ')
+            line, _, function = rest.partition(", in ")
+            frames.append(Frame(filename, int(line), function))
+    return sources.of_traceback(frames)
 
 
 def _pending_or_data(o):

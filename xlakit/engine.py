@@ -9,7 +9,6 @@ from __future__ import annotations
 import collections
 import threading
 import time
-import warnings
 
 import jax
 import torch
@@ -19,7 +18,7 @@ from . import cache as cache_mod
 from . import eager, keys, lowering, ops, sharding, sources, stages, transfer, verification
 from .config import config
 from .ir import Aval, DeviceData, Graph, Node, computed_output
-from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings
+from .record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, over_limit
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -408,15 +407,15 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
 def _warn_if_too_big(memory, graph: Graph) -> None:
     """Say before the first run that a step cannot fit, with what it holds (an OOM
     on the device names no tensors)."""
-    if memory is None or memory.device_limit is None or memory.peak <= memory.device_limit:
+    if not over_limit(memory):
         return
     largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
-    warnings.warn(
+    sources.warn(
         f"xlakit: this step needs {memory.peak:,} bytes per device at its peak, more than the device's "
         f"{memory.device_limit:,} (arguments {memory.arguments:,}, outputs {memory.outputs:,}, "
         f"temporaries {memory.temporaries:,}); largest inputs: "
         + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
-        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", stacklevel=2)
+        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", sources.capture())
 
 
 def _split_checks(entry, outputs):

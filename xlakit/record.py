@@ -122,6 +122,12 @@ class MemoryInfo:
     devices: int = 1       # devices that each hold this much (one program per device)
     device_limit: int | None = None   # the device's memory, where its runtime says (GPU, TPU)
 
+    @property
+    def allocated(self) -> int:
+        """Bytes of all the executable's buffers and code, each held once: more than
+        `peak` where buffers of its schedule are not all live at once."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
+
 
 @dataclasses.dataclass(frozen=True)
 class CostInfo:
@@ -251,6 +257,8 @@ def text(record: StepRecord, name: str | None = None, changed: Collection[str] =
     lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
     lines += [f"  donation: {line}" for line in donation_lines(record)]
     lines += [f"  sharding: {line}" for line in sharding_lines(record)]
+    lines += [f"  memory: {line}" for line in memory_lines(record)]
+    lines.append(f"  cost: {cost_line(record)}")
     return "\n".join(lines)
 
 
@@ -280,6 +288,8 @@ def why_lines(record: StepRecord) -> list[str]:
 
 def donation_lines(record: StepRecord) -> list[str]:
     if not record.donated:
+        if record.backend is not Backend.XLAKIT and record.cache is Cache.HIT:
+            return [f"unknown: {record.donation_note}"]   # torch_xla says only when it compiles
         return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
     total = record.donated_bytes
     lines = [f"{len(record.donated)} buffer(s) donated"
@@ -287,7 +297,7 @@ def donation_lines(record: StepRecord) -> list[str]:
     lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
               for d in record.donated if d.index is not None]  # torch_xla says how many, not which
     if record.donation_note:
-        lines.append(f"  not donated: {record.donation_note}")
+        lines.append(f"  {'not donated' if record.backend is Backend.XLAKIT else 'note'}: {record.donation_note}")
     return lines
 
 
@@ -308,6 +318,46 @@ def sharding_lines(record: StepRecord) -> list[str]:
     lines.append("collectives: " + (", ".join(f"{n} {op}" for op, n in sorted(counts.items())) or "none")
                  + (f", {human_bytes(sum(c.nbytes for c in record.collectives))}" if counts else ""))
     return lines
+
+
+def memory_lines(record: StepRecord) -> list[str]:
+    """The executable's memory per device in one line (its peak, and what it
+    allocates, as a sum), and a second one when the peak exceeds the device's memory."""
+    m = record.memory
+    if m is None:
+        return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
+    per = "per device" + (f" (each of {m.devices} devices)" if m.devices > 1 else "")
+    aliased = f" - {human_bytes(m.aliased)} written into donated inputs" if m.aliased else ""
+    code = f" + code {human_bytes(m.code)}" if m.code else ""
+    lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "
+             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)}"
+             f"{aliased} + temporaries {human_bytes(m.temporaries)}{code}"]
+    if over_limit(m):
+        lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
+                     "this step will likely run out of memory")
+    return lines
+
+
+def over_limit(memory: MemoryInfo | None) -> bool:
+    return memory is not None and memory.device_limit is not None and memory.peak > memory.device_limit
+
+
+def cost_line(record: StepRecord) -> str:
+    c = record.cost
+    if c is None:
+        return f"unknown ({record.backend} gives no cost analysis of this executable)"
+    return (f"{human_flops(c.flops)}, {human_bytes(round(c.bytes_accessed))} accessed per device "
+            "(XLA's estimates)")
+
+
+def human_flops(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    for unit in ("", "k", "M", "G"):
+        if abs(n) < 1000:
+            return f"{n:.0f} FLOP" if unit == "" else f"{n:.1f} {unit}FLOP"
+        n /= 1000
+    return f"{n:.1f} TFLOP"
 
 
 def human_bytes(n: int | None) -> str:

@@ -129,10 +129,21 @@ def describe(source: Source | None) -> str:
 
 
 def warn(message: str, source: Source | None, category=UserWarning) -> None:
-    """A warning attributed to the user's line (a cell reads as "cell 4"), not to xlakit."""
-    user = source.user if source is not None else None
-    if user is None:
+    """A warning attributed to the user's line (a cell reads as "cell 4"), or where
+    there is none to the library's line that called xlakit; never to xlakit."""
+    frame = source and (source.user or source.library)
+    if frame is None:
         warnings.warn(message, category, stacklevel=3)
         return
-    cell = cell_name(user.file, user.line)
-    warnings.warn_explicit(message, category, cell.rpartition(" line ")[0] if cell else user.file, user.line)
+    cell = cell_name(frame.file, frame.line)
+    warnings.warn_explicit(message, category, cell.rpartition(" line ")[0] if cell else frame.file, frame.line)
+
+
+def of_traceback(frames: list[Frame]) -> Source | None:
+    """The Source of a recorded stack, listed outermost first as tracebacks are
+    (Dynamo's FX nodes keep one): its innermost user line and innermost library
+    line; None when all of it is machinery (torch, Dynamo, xlakit)."""
+    kinds = [(frame, _kind(frame.file)) for frame in reversed(frames)]
+    user = next((frame for frame, kind in kinds if kind == USER), None)
+    library = next((frame for frame, kind in kinds if kind == LIBRARY), None)
+    return None if user is None and library is None else Source(user, library)

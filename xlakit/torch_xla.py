@@ -135,10 +135,11 @@ def step(tensors: list[torch.Tensor] | None = None, trigger: Trigger | str | Non
 
 def _record(index, trigger, graph_hash, ir_text, delta, wall, implicit_executions) -> StepRecord:
     compiled = delta.get("UncachedCompile", 0) > 0
-    aliased = int(delta.get("InputOutputAliasCount", 0))
+    # torch_xla counts aliased buffers when it compiles: a cache hit's are unknown
+    aliased = int(delta.get("InputOutputAliasCount", 0)) if compiled else 0
     graph = parse_ir(ir_text)
     fallbacks = sorted(k for k, v in delta.items() if k.startswith("aten::") and v > 0)
-    components = {"graph hash": graph_hash, **key_inputs(aliased)}
+    components = {"graph hash": graph_hash, **key_inputs(aliased if compiled else "unknown")}
     notes = [f"CPU fallback: {name}" for name in fallbacks]
     if implicit_executions:
         notes.append(f"{implicit_executions} implicit execution(s) before the step marker "
@@ -151,7 +152,9 @@ def _record(index, trigger, graph_hash, ir_text, delta, wall, implicit_execution
         timings=Timings(compile=delta.get("CompileTime.total_ns", 0) / 1e9,
                         execute=delta.get("ExecuteTime.total_ns", 0) / 1e9 or wall),
         graph=graph, backend=Backend.TORCH_XLA, uses=None, cache_entries=None, hit_rate=None, hlo=None,
-        donation_note=("torch_xla reports how many buffers it aliased, not which"
-                       if aliased else "torch_xla aliased no buffers"),
+        donation_note=("torch_xla counts the buffers it aliases when it compiles, and this step reused "
+                       "an executable" if not compiled else
+                       "torch_xla reports how many buffers it aliased, not which" if aliased else
+                       "torch_xla aliased no buffers"),
         why=tuple(notes),
     )

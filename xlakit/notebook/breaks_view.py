@@ -6,6 +6,7 @@ import html
 
 from ..breaks import BreakReport
 from .graph_svg import to_svg
+from .render import STYLE
 from .views import Displayed
 
 
@@ -18,6 +19,12 @@ class BreakView(BreakReport, Displayed):
         return cls(**{f.name: getattr(report, f.name) for f in dataclasses.fields(BreakReport)})
 
     def _repr_html_(self) -> str:
+        """The table, then every FX graph drawn (a static page has no picker)."""
+        graphs = "".join(f"<h4>FX graph {i}</h4><div class='graph'>{to_svg(g)}</div>"
+                         for i, g in enumerate(self.graphs))
+        return f"{STYLE}<div class='xlakit-step'>{self._table_html()}{graphs}</div>"
+
+    def _table_html(self) -> str:
         rows = "".join(f"<tr><td>{html.escape(p.path)}</td><td>{p.graphs}</td><td>{p.breaks}</td>"
                        f"<td>{'<br>'.join(html.escape(w) for w in p.why)}</td></tr>" for p in self.paths)
         return (f"<div>{html.escape(self.note)}</div><table class='xlakit-breaks'><tr><th>path</th>"
@@ -38,4 +45,5 @@ class BreakView(BreakReport, Displayed):
 
         picker.observe(show, names="value")
         show()
-        return ipywidgets.VBox([ipywidgets.HTML(self._repr_html_()), picker, view])
+        table = ipywidgets.HTML(f"{STYLE}<div class='xlakit-step'>{self._table_html()}</div>")
+        return ipywidgets.VBox([table, picker, view])

@@ -10,13 +10,17 @@ import html
 from .. import keys
 from .. import record as record_text
 from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
-from . import graph_dot, sharding_view
+from . import graph_dot, panels, sharding_view
 
 STYLE = """<style>
 .xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
 .xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left}
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
+.xlakit-step .xlakit-warning{background:#fce8e6;border:1px solid #d93025;padding:4px 8px;margin:4px 0}
+.xlakit-step .xlakit-cost-tree{font-family:monospace;font-size:12px}.xlakit-step td.num{white-space:nowrap}
+.xlakit-step .xlakit-cost-tree details,.xlakit-step .xlakit-cost-tree .leaf{margin-left:14px}
+.xlakit-step .xlakit-cost-tree .leaf{padding-left:14px}
 </style>"""
 
 
@@ -60,6 +64,8 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
         ("Donation", "<h4>Donation</h4>" + donation_table(record)),
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
+        ("Memory", "<h4>Memory</h4>" + panels.memory_html(record)),
+        ("Cost", "<h4>Cost</h4>" + panels.cost_html(record)),
         *sharding_view.sections(record),
     ]
     if hlo:
@@ -85,7 +91,8 @@ def donation_table(record: StepRecord) -> str:
     body = "".join(f"<tr><td>{_known(d.index)}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
                    f"<td>{_known(d.shape and list(d.shape))}</td><td>{_known(d.dtype)}</td>"
                    f"<td>{human_bytes(d.nbytes)}</td></tr>" for d in record.donated)
-    note = f"<div>not donated: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
+    label = "not donated" if record.backend is Backend.XLAKIT else "note"
+    note = f"<div>{label}: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
     return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
             f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
 
@@ -124,10 +131,11 @@ def _execute_ms(t: Timings) -> str:
 
 
 def history_text(rows: list[tuple[str, StepRecord]]) -> str:
-    lines = [f"{'#':>4} {'cell/name':<16} {'trigger':<10} {'key':<12} {'cache':<15} {'donated':>10}"]
+    lines = [f"{'#':>4} {'cell/name':<16} {'trigger':<10} {'key':<12} {'cache':<15} {'donated':>10} "
+             f"{'peak memory':>11}"]
     for name, r in rows:
         lines.append(f"{r.index:>4} {name[:16]:<16} {r.trigger:<10} {r.key[:12]:<12} {r.cache:<15} "
-                     f"{human_bytes(r.donated_bytes):>10}")
+                     f"{human_bytes(r.donated_bytes):>10} {_peak(r):>11}")
     return "\n".join(lines)
 
 
@@ -135,10 +143,16 @@ def history_html(rows: list[tuple[str, StepRecord]]) -> str:
     body = "".join(
         f"<tr><td>{r.index}</td><td>{html.escape(name)}</td><td>{r.trigger}</td><td>{r.key[:12]}</td>"
         f"<td>{r.cache}</td><td>{_ms(r.timings.compile)}</td><td>{_execute_ms(r.timings)}</td>"
-        f"<td>{human_bytes(r.donated_bytes)}</td></tr>" for name, r in rows)
+        f"<td>{human_bytes(r.donated_bytes)}</td><td>{_peak(r)}</td></tr>" for name, r in rows)
     table = (f'<table class="xlakit-history"><tr><th>#</th><th>cell/name</th><th>trigger</th><th>key</th>'
-             f"<th>cache</th><th>compile</th><th>execute</th><th>donated</th></tr>{body}</table>")
+             f"<th>cache</th><th>compile</th><th>execute</th><th>donated</th><th>peak memory</th></tr>"
+             f"{body}</table>")
     return STYLE + f'<div class="xlakit-step">{table}{_time_plot(rows)}</div>'
+
+
+def _peak(record: StepRecord) -> str:
+    """Peak memory per device, as XLA's memory analysis says."""
+    return human_bytes(record.memory.peak) if record.memory is not None else "unknown"
 
 
 def _time_plot(rows: list[tuple[str, StepRecord]]) -> str:

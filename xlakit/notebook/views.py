@@ -38,7 +38,7 @@ class StepView(Displayed):
         return render.html_view(self.record, self.name, self.previous, self.hlo)
 
     def widget(self):
-        """Tabs (Graph, Key, Why, Donation, Cache and time[, HLO]) under a one-line header."""
+        """Tabs (Graph, Key, Why, Donation, Cache and time, Memory, Cost[, HLO]) under a one-line header."""
         import ipywidgets
 
         from . import graph_widget
@@ -48,6 +48,8 @@ class StepView(Displayed):
                                         else ipywidgets.HTML(render.STYLE + f'<div class="xlakit-step">{body}</div>')
                                         for title, body in sections],
                               titles=[title for title, _ in sections])
+        for i, (title, _) in enumerate(sections):  # ipywidgets 7 (Colab's) ignores `titles`
+            tabs.set_title(i, title)
         header = ipywidgets.HTML(render._header_html(self.record, self.name))
         return ipywidgets.VBox([header, tabs])
 

@@ -1,0 +1,108 @@
+"""What a page without a kernel shows: nbconvert's HTML (what nbviewer serves) of an
+executed notebook and of the stored tutorials holds every step view's graph,
+memory and cost tables and every explain() table as plain HTML and inline SVG.
+
+A notebook saved without widget state (JupyterLab's default; how the tutorials
+are stored) lets nbconvert pass over the widget view to the static HTML beside it.
+"""
+import html.parser
+import json
+import os
+import pathlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbconvert import HTMLExporter
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TUTORIALS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+class _Visible(html.parser.HTMLParser):
+    """Counts elements by class, and text, outside <script> (what a page shows with scripts off)."""
+
+    def __init__(self):
+        super().__init__()
+        self.classes, self.scripts, self._in_script = {}, 0, False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "script":
+            self._in_script, self.scripts = True, self.scripts + 1
+            return
+        for name in dict(attrs).get("class", "").split():
+            self.classes[name] = self.classes.get(name, 0) + 1
+
+    def handle_endtag(self, tag):
+        if tag == "script":
+            self._in_script = False
+
+
+def visible(page: str) -> _Visible:
+    parser = _Visible()
+    parser.feed(page)
+    return parser
+
+
+def to_html(notebook) -> str:
+    return HTMLExporter().from_notebook_node(notebook)[0]
+
+
+def outputs(notebook, starts: str, having: str = "") -> int:
+    """How many outputs' plain text starts with `starts` (and holds `having`)."""
+    texts = [o.get("data", {}).get("text/plain", "") for cell in notebook.cells for o in cell.get("outputs", [])]
+    return sum(1 for text in texts if text.startswith(starts) and having in text)
+
+
+CELLS = [
+    "%load_ext xlakit\nimport torch, xlakit\ndev = xlakit.device()",
+    "%%xla_step --name mlp\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(8, 4).to(dev)\n"
+    "model(torch.randn(2, 8).to(dev)).sum().backward()",
+    "%%xla_step --name mlp\nmodel(torch.randn(2, 8).to(dev)).sum().backward()",
+    "report = xlakit.explain(lambda t: torch.nonzero(t.sin() > 0).sum(), torch.arange(4.0))\nreport",
+    "%xla_history",
+]
+
+
+def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    # as JupyterLab saves a notebook by default: outputs, no widget state
+    NotebookClient(notebook, timeout=600, store_widget_state=False,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    steps, reports = outputs(notebook, "step "), outputs(notebook, "explain() ran")
+    assert steps == 2 and reports == 1
+    # the live display carries the widget too: the static HTML must win without its state
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for cell in notebook.cells for o in cell.get("outputs", []))
+    page = visible(to_html(notebook))
+    assert page.classes.get("xlakit-graph", 0) >= steps + 1          # each step's graph, the FX graph
+    for table in ("xlakit-key", "xlakit-timing", "xlakit-memory", "xlakit-buffers", "xlakit-cost"):
+        assert page.classes.get(table) == steps, table
+    assert page.classes.get("xlakit-breaks") == reports
+    assert page.classes.get("xlakit-history") == 1
+    assert "jupyter-widgets" not in page.classes                      # no empty widget box
+
+
+@pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])
+def test_the_stored_tutorials_show_every_view_without_a_kernel(path):
+    notebook = nbformat.read(path, as_version=4)
+    stores_state = WIDGET_STATE in notebook.metadata.get("widgets", {})
+    assert not stores_state, f"{path.name} stores widget state: static pages would show its widgets (empty " \
+                             "without scripts); save it with scripts/run_notebooks.py"
+    page = visible(to_html(notebook))
+    steps = outputs(notebook, "step ")
+    assert page.classes.get("xlakit-graph", 0) >= steps
+    assert page.classes.get("xlakit-key", 0) == steps
+    # XLA's memory analysis, where the executor gives one (torch_xla's does not)
+    assert page.classes.get("xlakit-memory", 0) == outputs(notebook, "step ", "\n  memory: peak ")
+    assert page.classes.get("xlakit-breaks", 0) == outputs(notebook, "explain() ran")
+    assert "jupyter-widgets" not in page.classes
+
+
+def test_the_stored_tutorials_keep_no_machine_paths():
+    for path in TUTORIALS:
+        text = json.dumps(json.loads(path.read_text())["cells"])
+        for leak in ("/tmp/ipykernel_", "site-packages", os.path.expanduser("~") + "/"):
+            assert leak not in text, f"{path.name} shows {leak!r}"

@@ -1,0 +1,167 @@
+"""The Memory and Cost sections of a step view, as static HTML (no scripts).
+
+Memory: XLA's memory analysis of the compiled executable (per device, known
+before it runs) and the step's largest buffers by name. Cost: XLA's cost
+analysis, and xlakit's own per-op estimates split by module and by op.
+"""
+from __future__ import annotations
+
+import html
+
+from .. import flops, footprint
+from ..flops import ModuleCost
+from ..record import StepRecord, cost_line, human_bytes, human_flops, memory_lines, over_limit
+
+OPEN_LEVELS = 3      # module tree levels shown open; deeper ones open on a click
+TOP_OPS = 10
+
+
+def memory_html(record: StepRecord) -> str:
+    m = record.memory
+    parts = []
+    if m is None:
+        parts.append(f"<div>{html.escape(memory_lines(record)[0])}</div>")
+    else:
+        if over_limit(m):
+            parts.append(f'<div class="xlakit-warning">&#9888; This step needs {human_bytes(m.peak)} per device at '
+                         f"its peak, more than the device's {human_bytes(m.device_limit)}: it will likely run out "
+                         "of memory. Use smaller batches, donation, or shard it.</div>")
+        each = f"each of {m.devices} devices" if m.devices > 1 else "the device"
+        rows = [("arguments", m.arguments, "the step's inputs: parameters, optimizer state, data, scalars"),
+                ("+ outputs", m.outputs, "the values it computes"),
+                ("- into donated inputs", m.aliased,
+                 "outputs written into donated inputs' buffers: counted in both above, held once"),
+                ("+ temporaries", m.temporaries, "XLA's scratch space for intermediates (activations, ...)"),
+                ("= allocated", m.allocated, "every buffer of the executable, each held once"),
+                ("peak", m.peak, "the most bytes of buffers live at once in XLA's schedule (not all are live "
+                                 "together, so at most the allocated sum)"),
+                ("device memory", m.device_limit, "what the device has" if m.device_limit is not None
+                 else "not reported by the device's runtime (a CPU's is not)")]
+        if m.code:
+            rows.insert(4, ("+ generated code", m.code, "the executable's code, held on the device"))
+        body = "".join(f'<tr><td>{name}</td><td class="num">{human_bytes(n)}</td>'
+                       f"<td>{html.escape(what)}</td></tr>" for name, n, what in rows)
+        parts.append(f"<div>What {each} holds while the step runs, from XLA's memory analysis of the compiled "
+                     f'executable (known before it runs):</div><table class="xlakit-memory">{body}</table>'
+                     + _memory_bars(m))
+    parts.append(_buffers_table(record))
+    return "".join(parts)
+
+
+def _memory_bars(m) -> str:
+    """Bars of arguments, outputs, temporaries, allocated and peak; the device's memory as a red line."""
+    bars = [("arguments", m.arguments, "#8ab4f8"), ("outputs", m.outputs, "#81c995"),
+            ("temporaries", m.temporaries, "#fdd663"), ("allocated", m.allocated, "#9aa0a6"),
+            ("peak", m.peak, "#5f6368")]
+    scale = max([n for _, n, _ in bars] + [m.device_limit or 0]) or 1
+    width, left, row = 320, 90, 16
+    out = [f'<svg class="xlakit-memory-bars" width="{left + width + 90}" height="{row * len(bars) + 6}" '
+           'font-family="monospace" font-size="11">']
+    for k, (name, n, color) in enumerate(bars):
+        w = max(1.0, n / scale * width)
+        out.append(f'<text x="0" y="{k * row + 12}">{name}</text><rect x="{left}" y="{k * row + 2}" '
+                   f'width="{w:.1f}" height="{row - 4}" fill="{color}"/>'
+                   f'<text x="{left + w + 4:.1f}" y="{k * row + 12}">{human_bytes(n)}</text>')
+    if m.device_limit:
+        x = left + m.device_limit / scale * width
+        out.append(f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{row * len(bars) + 6}" stroke="#d93025" '
+                   f'stroke-dasharray="4 2"><title>device memory {human_bytes(m.device_limit)}</title></line>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _buffers_table(record: StepRecord) -> str:
+    largest = footprint.largest(record)
+    if not largest:
+        return ""
+    scope = " (whole tensors; each device holds its shard)" if record.memory and record.memory.devices > 1 else ""
+    body = "".join(f"<tr><td>{b.kind} {b.index}</td><td>{html.escape(b.label)}</td>"
+                   f"<td>{html.escape(b.aval or 'unknown')}</td><td class='num'>{human_bytes(b.nbytes)}</td>"
+                   f"<td>{html.escape(b.note)}</td></tr>" for b in largest)
+    roles = "".join(f'<tr><td>{role}</td><td>{count}</td><td class="num">{human_bytes(n)}</td></tr>'
+                    for role, count, n in footprint.by_role(record))
+    return (f"<h5>Inputs and outputs{scope}</h5>"
+            f'<table class="xlakit-roles"><tr><th></th><th>buffers</th><th>bytes</th></tr>{roles}</table>'
+            "<h5>The largest</h5>"
+            '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or what made it</th><th>aval</th>'
+            f"<th>bytes</th><th>donation</th></tr>{body}</table>")
+
+
+def cost_html(record: StepRecord) -> str:
+    c = record.cost
+    if c is None:
+        parts = [f"<div>{html.escape(cost_line(record))}</div>"]
+    else:
+        intensity = f"{c.flops / c.bytes_accessed:.2f}" if c.bytes_accessed else "unknown"
+        rows = [("FLOPs", human_flops(c.flops)), ("bytes accessed", human_bytes(round(c.bytes_accessed))),
+                ("transcendentals", f"{c.transcendentals:.0f}"), ("FLOPs per byte accessed", intensity)]
+        each = " per device" if record.memory is None or record.memory.devices == 1 else \
+            f" per device (each of {record.memory.devices})"
+        parts = [f"<div>XLA's cost analysis of the compiled executable: <b>estimates</b>{each}.</div>"
+                 '<table class="xlakit-cost">'
+                 + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"]
+    tree = flops.by_module(record.graph)
+    parts.append(f"<div>xlakit's own estimate from each op and its shapes ({html.escape(_RULES)}): "
+                 f"{human_flops(tree.flops)}{_versus(tree.flops, c)}.</div>")
+    if tree.children:
+        parts.append("<h5>By module (estimates; backward ops count toward the module they differentiate)</h5>"
+                     f'<div class="xlakit-cost-tree">{_tree_html(tree, tree.flops, 0)}</div>')
+    else:
+        parts.append("<div>No op of this step names a module, so there is no split by module.</div>")
+    parts.append(_ops_table(record, tree.flops))
+    return "".join(parts)
+
+
+_RULES = ("matmuls, convolutions and attention by torch.utils.flop_counter's formulas (2·m·n·k), "
+          "reductions 1 per input element, data movement 0, other ops 1 per output element")
+
+
+def _versus(estimate: float, cost) -> str:
+    if cost is None or not cost.flops:
+        return ""
+    return (f", {estimate / cost.flops:.0%} of XLA's count (XLA counts the fused, simplified program, and "
+            "some ops its own way)")
+
+
+def _tree_html(cost: ModuleCost, total: float, depth: int) -> str:
+    # names in a column as wide at every depth, so the bars line up
+    label = (f'<span class="name" style="display:inline-block;width:calc(20em - {depth * 14}px)" '
+             f'title="{html.escape(cost.path)}">{html.escape(cost.name)}</span> '
+             f"{_share_bar(cost.flops, total)} {human_flops(cost.flops)}"
+             + (f" ({human_flops(cost.backward)} backward)" if cost.backward else "")
+             + f", {_ops(cost.ops)}")
+    if not cost.children:
+        return f'<div class="leaf">{label}</div>'
+    own = cost.ops - sum(c.ops for c in cost.children.values())
+    children = "".join(_tree_html(c, total, depth + 1) for c in _in_order(cost.children))
+    if own:
+        children += f'<div class="leaf">{_ops(own)} of its own</div>'
+    return (f"<details{' open' if depth < OPEN_LEVELS else ''}><summary>{label}</summary>"
+            f"{children}</details>")
+
+
+def _in_order(children: dict[str, ModuleCost]) -> list[ModuleCost]:
+    """A list's items (layers.0, layers.1, ...) in their order; other modules most FLOPs first."""
+    if all(name.isdigit() for name in children):
+        return [children[name] for name in sorted(children, key=int)]
+    return sorted(children.values(), key=lambda c: -c.flops)
+
+
+def _ops(n: int) -> str:
+    return f"{n} op" if n == 1 else f"{n} ops"
+
+
+def _share_bar(part: float, total: float) -> str:
+    share = part / total if total else 0.0
+    return (f'<svg width="60" height="9"><rect width="60" height="9" fill="#eee"/>'
+            f'<rect width="{60 * share:.1f}" height="9" fill="#1a73e8"/></svg> {share:>4.0%}')
+
+
+def _ops_table(record: StepRecord, total: float) -> str:
+    rows = flops.by_op(record.graph)
+    shown = rows[:TOP_OPS]
+    body = "".join(f"<tr><td>{html.escape(op)}</td><td>{count}</td><td>{human_flops(est)}</td>"
+                   f"<td>{f'{est / total:.0%}' if total else ''}</td></tr>" for op, count, est in shown)
+    rest = f"<div>and {len(rows) - len(shown)} ops with fewer FLOPs</div>" if len(rows) > len(shown) else ""
+    return ("<h5>By op (estimates)</h5><table class=\"xlakit-ops\"><tr><th>op</th><th>nodes</th>"
+            f"<th>FLOPs</th><th>share</th></tr>{body}</table>{rest}")
