@@ -315,6 +315,19 @@ def test_a_training_step_with_a_bad_token_keeps_the_weights(dev):
         assert_same(p, q.detach())
 
 
+def test_a_tensor_gets_back_the_value_it_held_before_the_step_not_an_older_one(dev):
+    w = torch.arange(3.0).to(dev)
+    older = w.clone()  # w's buffer two steps back, [0, 1, 2], still alive and read below
+    w.add_(1)
+    xlakit.mark_step()
+    # w overwritten without being read, in a step that fails a check
+    w.copy_(older[torch.tensor([5]).to(dev)].expand(3))
+    with pytest.raises(IndexError):
+        xlakit.mark_step()
+    assert_same(w, torch.arange(3.0) + 1)  # as eager leaves it
+    assert_same(older, torch.arange(3.0))
+
+
 def test_dispatch_ahead_reads_the_checks_at_the_next_read_and_taints_what_reads_the_failed_step(dev, monkeypatch):
     monkeypatch.setattr(xlakit.config, "wait_for_execution", False)
     a = torch.arange(4.0).to(dev)

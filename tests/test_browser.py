@@ -138,6 +138,15 @@ def run_all(page, server, name: str) -> None:
         news.first.click()
 
 
+def widgets_drawn(page, count: int):
+    """The graph widgets, once `count` have drawn (a widget's view renders after its cell finished)."""
+    page.wait_for_function(f"document.querySelectorAll('.xlakit-graph-widget[data-boxes]').length >= {count}",
+                           timeout=60_000)
+    widgets = page.locator(".xlakit-graph-widget")
+    assert widgets.count() == count
+    return widgets
+
+
 def no_errors_shown(page) -> None:
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     assert not any("Error" in errors.nth(i).inner_text() for i in range(errors.count()))
@@ -148,7 +157,7 @@ def test_quickstart_renders_the_step_widget(server, notebooks, page):
         pytest.skip("the README's screenshot is JupyterLab's")
     run_all(page, server, "01_quickstart.ipynb")
     # three %%xla_step cells, each drawing its graph widget; then the final assert cell
-    assert page.locator(".xlakit-graph-widget").count() == 3
+    widgets_drawn(page, 3)
     assert page.locator(".xlakit-graph-widget g.xlakit-node").count() > 10
     key_text = page.locator("table.xlakit-key").last.inner_text()
     for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
@@ -187,9 +196,7 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
     run_all(page, server, "llama.ipynb")
     no_errors_shown(page)
     assert "all cells ran" in page.locator(".jp-OutputArea-output").last.inner_text()
-    widgets = page.locator(".xlakit-graph-widget")
-    assert widgets.count() == 2
-    widget = widgets.last  # the second step: the optimizer state is new, so some nodes are marked changed
+    widget = widgets_drawn(page, 2).last  # the second step: the optimizer state is new, so some nodes are marked changed
     output = widget.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea-output')]")
     widget.scroll_into_view_if_needed()
     assert widget.locator("g.xlakit-node.changed").count() > 0

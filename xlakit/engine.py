@@ -45,12 +45,15 @@ class LiveValue:
     can tell whether the tensor is alive.
     """
 
-    __slots__ = ("aval", "node", "index", "data", "error", "label", "owner", "__weakref__")
+    __slots__ = ("aval", "node", "index", "data", "error", "label", "owner", "previous", "__weakref__")
 
     def __init__(self, aval: Aval, node: Node | None, index: int, data: DeviceData | None):
         self.aval, self.node, self.index, self.data, self.error = aval, node, index, data, None
         self.label: str | None = None
-        self.owner: int | None = None   # the user tensor it belongs to, stamped at step markers (tensor.own)
+        # stamped at step markers (tensor.stamp_owners): the user tensor it belongs to, and the
+        # buffer that tensor held before this value (given back if the step fails a check)
+        self.owner: int | None = None
+        self.previous: DeviceData | None = None
 
     def __repr__(self) -> str:
         state = "data" if self.data is not None else ("pending" if self.node is not None else "failed")
@@ -243,10 +246,11 @@ class Engine:
                                          p.aval.nbytes))
             p.donated, p.array = True, None
         self._bind_results(graph, planned.roots, outputs, targets)
+        results = [node.results[i] for node, i in planned.roots]
+        previous = self.ledger.bound(results, targets)
         graph_info = _any_graph_info(entry, graph, donors, key)
         if checked is not None or inherited:
-            self.ledger.add(graph, donors, [node.results[i] for node, i in planned.roots], entry.checks, checked,
-                            graph_info.nodes, inherited)
+            self.ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
         self._append_record(entry, key, graph_info, trigger=trigger,
                             cache=outcome, donated=tuple(donated), changed=changed, why=why,
@@ -334,12 +338,10 @@ class Engine:
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
-        owners = {(id(t.node), t.index): t.owner for t in targets if t.owner}
         for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
             if node.results is None:
                 node.results = [None] * len(node.avals)
-            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)),
-                                             owner=owners.get((id(node), index)))
+            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)))
         for t in targets:
             t.resolve()
 

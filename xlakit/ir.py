@@ -72,18 +72,14 @@ class Source:
 
 
 class DeviceData:
-    """One device buffer (a jax.Array) and what is known about who may reuse it.
-    owner: the user tensor that held it at a step marker (tensor.own), so that
-    a failed step can give that tensor back its old buffer (verification.py)."""
+    """One device buffer (a jax.Array) and what is known about who may reuse it."""
 
-    __slots__ = ("array", "aval", "label", "owner", "read_only", "donated", "__weakref__")
+    __slots__ = ("array", "aval", "label", "read_only", "donated", "__weakref__")
 
-    def __init__(self, array, aval: Aval, *, label: str | None = None, owner: int | None = None,
-                 read_only: bool = False):
+    def __init__(self, array, aval: Aval, *, label: str | None = None, read_only: bool = False):
         self.array = array
         self.aval = aval
         self.label = label
-        self.owner = owner
         self.read_only = read_only
         self.donated = False
 

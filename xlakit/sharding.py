@@ -264,8 +264,9 @@ def _tensor_shardings(shardings, avals) -> tuple[TensorSharding, ...]:
     result = []
     for s, aval in zip(jax.tree_util.tree_leaves(shardings), avals):
         shard = tuple(s.shard_shape(aval.shape))
+        ndim = len(aval.shape)
         result.append(TensorSharding(
-            aval=str(aval), shape=aval.shape, axes=axes_of(s, len(aval.shape)), spec=text(s, len(aval.shape)), shard_shape=shard,
+            aval=str(aval), shape=aval.shape, axes=axes_of(s, ndim), spec=text(s, ndim), shard_shape=shard,
             nbytes=aval.nbytes, shard_bytes=aval.dtype.itemsize * math.prod(shard)))
     return tuple(result)
 

@@ -87,10 +87,11 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
 
 # -- owners --------------------------------------------------------------------
 # The user tensors made on the device (.to, factories) or named (labels.py):
-# at each step marker their current values are stamped with the tensor's id,
-# so that a step that fails a check can give a tensor it updated in place its
-# old buffer back (verification.py). A tensor that an op made is not tracked:
-# a failed step poisons it.
+# at each step marker each one's current value is stamped with the tensor's
+# id and the buffer the tensor held before it, so that a step that fails a
+# check can give a tensor it updated in place its old buffer back
+# (verification.py). A tensor that an op made is not tracked: a failed step
+# poisons it.
 _OWNED = WeakTensorKeyDictionary()
 _owner_ids = itertools.count(1)
 
@@ -101,11 +102,14 @@ def own(t: torch.Tensor) -> None:
 
 
 def stamp_owners() -> None:
+    latest = current().ledger.latest
     for t, owner in list(_OWNED.items()):
         value = unwrap(t)._state
         value.owner = owner
-        if value.data is not None and value.data.owner is None:
-            value.data.owner = owner
+        if value.data is not None:
+            latest[owner] = value.data
+        else:
+            value.previous = latest.get(owner)
 
 
 def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:

@@ -20,7 +20,6 @@ donation either.
 """
 from __future__ import annotations
 
-import collections
 import weakref
 
 import numpy as np
@@ -67,6 +66,21 @@ class Ledger:
         # steps added since `waiting` was last brought up to date: a step whose checks are
         # read right after it ran (config.wait_for_execution) needs `waiting` only if one failed
         self._added: list = []
+        # per user tensor (tensor.own), the buffer of its last computed value: held weakly,
+        # a buffer nothing reads any more is not kept for this
+        self.latest: weakref.WeakValueDictionary[int, DeviceData] = weakref.WeakValueDictionary()
+
+    def bound(self, outputs: list[DeviceData], targets) -> list[DeviceData | None]:
+        """A step's results were bound to `targets` (LiveValues): note each user
+        tensor's new buffer; returns per output the buffer its tensor held before."""
+        owned = {id(t.data): t for t in targets if t.owner is not None and t.data is not None}
+        previous = []
+        for data in outputs:
+            t = owned.get(id(data))
+            previous.append(None if t is None else t.previous)
+            if t is not None:
+                self.latest[t.owner], t.previous = data, None
+        return previous
 
     def inherited(self, graph: Graph) -> list[frozenset] | None:
         """Per root of `graph`, the unread checks of the outputs it reads (None: it reads none)."""
@@ -84,20 +98,19 @@ class Ledger:
             per_node.append(waits)
         return [per_node[n] for n, _ in graph.roots]
 
-    def add(self, graph: Graph, donors: tuple[int, ...], outputs: list[DeviceData], checks: StepChecks, flags,
-            nodes, inherited: list[frozenset] | None) -> None:
-        """Record a step just run: `outputs` are its roots' buffers, `flags` its
-        checks' output (None if it has none)."""
+    def add(self, graph: Graph, donors: tuple[int, ...], outputs: list[DeviceData], previous: list, checks: StepChecks,
+            flags, nodes, inherited: list[frozenset] | None) -> None:
+        """Record a step just run: `outputs` are its roots' buffers, `previous`
+        what `bound` returned, `flags` its checks' output (None if it has none)."""
         step = None
         if checks.checks:
             step = Step(flags, checks, nodes)
             self.steps.append(step)
-        self._added.append((graph.params, donors, outputs, step, checks.root_masks, inherited))
+        self._added.append((graph.params, donors, outputs, previous, step, checks.root_masks, inherited))
 
     def _settle(self) -> None:
         """Bring `waiting` up to date with the steps added."""
-        for params, donors, outputs, step, masks, inherited in self._added:
-            previous = _previous_values(params, outputs)
+        for params, donors, outputs, previous, step, masks, inherited in self._added:
             for k, data in enumerate(outputs):
                 waits = set(inherited[k]) if inherited else set()
                 # a donated root paired with its own old value holds that value if a check fails
@@ -138,24 +151,14 @@ class Ledger:
                 error, previous = bad[id(value.data)]
                 if previous is not None and previous.array is not None and id(previous) not in bad:
                     value.data = previous   # a tensor updated in place: its value before the step
+                    if value.owner is not None:
+                        self.latest[value.owner] = previous
                 else:
                     value.fail(error)
             elif value.node is not None:
                 error = _reads(value.node, bad)
                 if error is not None:
                     value.fail(error)
-
-
-def _previous_values(params: list[DeviceData], outputs: list[DeviceData]) -> list[DeviceData | None]:
-    """Per root, the input that the same user tensor held before the step (its
-    in-place update's old value), where their owners (tensor.own) pair them unambiguously."""
-    def counts(datas):
-        return collections.Counter((d.owner, d.aval) for d in datas if d.owner is not None)
-
-    inputs, roots = counts(params), counts(outputs)
-    by_owner = {(p.owner, p.aval): p for p in params if inputs[(p.owner, p.aval)] == 1}
-    return [by_owner.get((d.owner, d.aval)) if d.owner is not None and roots[(d.owner, d.aval)] == 1 else None
-            for d in outputs]
 
 
 def _reads(node, bad: dict) -> Exception | None:
