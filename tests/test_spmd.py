@@ -157,7 +157,7 @@ def test_a_step_on_one_device_has_no_shardings(dev):
     assert "shardings" in record.components and record.graph.params[0].sharding == "one device"
     assert record.memory is None or record.memory.devices == 1
     assert "sharding:" not in repr(record)
-    assert repr(xlakit.sharding_view(record)) == f"step {record.index}: one device, nothing sharded"
+    assert repr(xlakit.sharding_view(record)) == f"sharding of step {record.index}: one device, nothing sharded"
     assert y.item() == 14
 
 

@@ -85,9 +85,9 @@ def _named(record: StepRecord) -> list[tuple[str, TensorSharding]]:
 def text(record: StepRecord, large: int = LARGE_BYTES) -> str:
     info = record.shardings
     if info is None:
-        return f"step {record.index}: one device, nothing sharded"
+        return f"sharding of step {record.index}: one device, nothing sharded"
     mesh = info.mesh
-    lines = [f"step {record.index}: mesh ({_axes_text(mesh)}), devices {list(mesh.devices)}"]
+    lines = [f"sharding of step {record.index}: mesh ({_axes_text(mesh)}), devices {list(mesh.devices)}"]
     warning = _warning(record, large)
     if warning:
         lines.append(f"  WARNING: {warning}")
