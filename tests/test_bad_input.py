@@ -315,17 +315,28 @@ def test_a_training_step_with_a_bad_token_keeps_the_weights(dev):
         assert_same(p, q.detach())
 
 
-def test_a_tensor_gets_back_the_value_it_held_before_the_step_not_an_older_one(dev):
-    w = torch.arange(3.0).to(dev)
-    older = w.clone()  # w's buffer two steps back, [0, 1, 2], still alive and read below
-    w.add_(1)
+@pytest.mark.parametrize("donate", [True, False])
+def test_a_tensor_is_given_back_only_the_value_eager_leaves_it(dev, monkeypatch, donate):
+    """Eager stops at the bad op: a tensor updated in place only after it keeps its value
+    from before the step; one updated before it too, or overwritten (copy_), held
+    another value there, which xlakit does not have: it is poisoned, never given a wrong one."""
+    monkeypatch.setattr(xlakit.config, "donate", donate)
+    before, updated_first, overwritten = (torch.arange(3.0).to(dev) for _ in range(3))
+    older = torch.arange(3.0).to(dev) * 10
     xlakit.mark_step()
-    # w overwritten without being read, in a step that fails a check
-    w.copy_(older[torch.tensor([5]).to(dev)].expand(3))
-    with pytest.raises(IndexError):
+    updated_first.mul_(2)  # before the bad op: eager did it
+    bad = older[torch.tensor([5]).to(dev)]
+    before.add_(bad)
+    before.add_(older[torch.tensor([4]).to(dev)])  # after it, and bad itself: eager did neither
+    updated_first.add_(bad)
+    overwritten.copy_(bad.expand(3))
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
         xlakit.mark_step()
-    assert_same(w, torch.arange(3.0) + 1)  # as eager leaves it
-    assert_same(older, torch.arange(3.0))
+    assert_same(before, torch.arange(3.0))
+    for poisoned in (updated_first, overwritten):
+        with pytest.raises(IndexError, match="could not be computed"):
+            poisoned.cpu()
+    assert_same(older, torch.arange(3.0) * 10)
 
 
 def test_dispatch_ahead_reads_the_checks_at_the_next_read_and_taints_what_reads_the_failed_step(dev, monkeypatch):

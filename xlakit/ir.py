@@ -125,9 +125,10 @@ class Node:
     goes and lists as tuples; its constant leaves are attributes. signature: canonical bytes of op, attributes and output
     avals, computed once at record time so hashing a graph stays cheap.
     results: device buffers of outputs already computed by an earlier sync.
+    seq: the order nodes were recorded in, the program's order (never in the key).
     """
 
-    __slots__ = ("op", "operands", "template", "avals", "source", "signature", "results", "__weakref__")
+    __slots__ = ("op", "operands", "template", "avals", "source", "signature", "results", "seq", "__weakref__")
 
     _ids = itertools.count()
 
@@ -140,6 +141,7 @@ class Node:
         self.source = source
         self.signature = signature
         self.results: list[DeviceData | None] | None = None
+        self.seq = next(Node._ids)
 
     def __repr__(self) -> str:
         return f"Node({self.op}, {', '.join(map(str, self.avals))})"

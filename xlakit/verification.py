@@ -11,12 +11,13 @@ When a check failed, every value that depends on it is poisoned with eager's
 exception (reading it raises), and the rest of the step stands, as when a
 node cannot be lowered (engine). One exception: a tensor the user made on the
 device or named (tensor.own: `.to`, factories, module parameters, optimizer
-state, xlakit.label) that the step updated in place gets back its value from
-before the step, as eager leaves it when the error stops the program before
-the update (a training step whose batch holds a bad token id loses no
-weights). Where the step donated that old buffer, the executable itself kept
-the old value in the aliased output (lowering._replay), so nothing is lost to
-donation either.
+state, xlakit.label) that the step updated in place only with ops recorded
+at or after the first failed op gets back its value from before the step, as
+eager leaves it: eager stops at that op (a training step whose batch holds a
+bad token id loses no weights). Where the step donated that old buffer, the
+executable itself kept the old value in the aliased output (lowering._replay),
+so nothing is lost to donation either. A tensor updated before that op too,
+or overwritten, held a value there that xlakit does not have: it is poisoned.
 """
 from __future__ import annotations
 
@@ -30,10 +31,11 @@ from .ir import DeviceData, Graph, computed_output
 
 
 class Step:
-    """One executed step whose check flags are not read yet."""
+    """One executed step whose check flags are not read yet. `nodes`: its
+    GraphInfo's NodeInfos (for messages); `graph`: its Graph, where it is known."""
 
-    def __init__(self, flags, checks: StepChecks, nodes):
-        self.flags, self.checks, self.nodes = flags, checks.checks, nodes   # nodes: the GraphInfo's NodeInfos
+    def __init__(self, flags, checks: StepChecks, nodes, graph: Graph | None = None):
+        self.flags, self.checks, self.nodes, self.graph = flags, checks.checks, nodes, graph
         self.failed = 0                   # after read(): the bit mask of the checks that failed
         self.errors: dict[int, Exception] = {}   # eager's exception per failed check
 
@@ -53,6 +55,11 @@ class Step:
         failed = self.failed & mask
         return self.errors[(failed & -failed).bit_length() - 1] if failed else None
 
+    def first_failed(self, mask: int) -> int:
+        """The recording order (Node.seq) of the earliest op among the failed checks in `mask`."""
+        return min(self.graph.nodes[check.node].seq for k, check in enumerate(self.checks)
+                   if (self.failed & mask) >> k & 1)
+
 
 class Ledger:
     """The steps whose checks are not read yet, and per device buffer the
@@ -61,8 +68,10 @@ class Ledger:
 
     def __init__(self):
         self.steps: list[Step] = []
-        self.waiting: weakref.WeakKeyDictionary[DeviceData, tuple[frozenset, DeviceData | None]] = \
-            weakref.WeakKeyDictionary()
+        # per waiting buffer: (the (step, mask) pairs it waits on, those a later step that reads it
+        # waits on too, the buffer its tensor held before the step, its step if the executable kept
+        # that old value in it should one of its own checks fail, the node it is an output of)
+        self.waiting: weakref.WeakKeyDictionary[DeviceData, tuple] = weakref.WeakKeyDictionary()
         # steps added since `waiting` was last brought up to date: a step whose checks are
         # read right after it ran (config.wait_for_execution) needs `waiting` only if one failed
         self._added: list = []
@@ -87,7 +96,7 @@ class Ledger:
         self._settle()
         if not self.waiting:
             return None
-        per_param = [self.waiting.get(p, (frozenset(), None))[0] for p in graph.params]
+        per_param = [self.waiting[p][1] if p in self.waiting else frozenset() for p in graph.params]
         if not any(per_param):
             return None
         per_node = []
@@ -104,21 +113,22 @@ class Ledger:
         what `bound` returned, `flags` its checks' output (None if it has none)."""
         step = None
         if checks.checks:
-            step = Step(flags, checks, nodes)
+            step = Step(flags, checks, nodes, graph)
             self.steps.append(step)
-        self._added.append((graph.params, donors, outputs, previous, step, checks.root_masks, inherited))
+        self._added.append((graph, donors, outputs, previous, step, checks.root_masks, inherited))
 
     def _settle(self) -> None:
         """Bring `waiting` up to date with the steps added."""
-        for params, donors, outputs, previous, step, masks, inherited in self._added:
+        for graph, donors, outputs, previous, step, masks, inherited in self._added:
             for k, data in enumerate(outputs):
-                waits = set(inherited[k]) if inherited else set()
-                # a donated root paired with its own old value holds that value if a check fails
-                kept = k < len(donors) and previous[k] is params[donors[k]]
-                if step is not None and masks[k] and not kept:
-                    waits.add((step, masks[k]))
-                if waits:
-                    self.waiting[data] = (frozenset(waits), previous[k])
+                taint = frozenset(inherited[k]) if inherited else frozenset()
+                own = frozenset({(step, masks[k])}) if step is not None and masks[k] else frozenset()
+                if taint or own:
+                    # a donated root that took its own old buffer holds that value if its step's
+                    # check fails: valid either way, it taints no later step
+                    kept = k < len(donors) and previous[k] is graph.params[donors[k]]
+                    self.waiting[data] = (taint | own, taint if kept else taint | own, previous[k],
+                                          step if kept else None, graph.nodes[graph.roots[k][0]])
         self._added.clear()
 
     def verify(self, live) -> Exception | None:
@@ -130,26 +140,34 @@ class Ledger:
         for step in steps:
             error = step.read()
             first = first or error
-        if first is not None:
-            self._settle()
-            self._poison(steps, live())
-        self.waiting.clear()   # every step is read now
-        self._added.clear()
+        try:
+            if first is not None:
+                self._settle()
+                self._poison(steps, live())
+        finally:
+            self.waiting.clear()   # every step is read now
+            self._added.clear()
         return first
 
     def _poison(self, steps: list[Step], live) -> None:
         order = {step: i for i, step in enumerate(steps)}
+        # eager stops at the first bad op it runs: the earliest recorded among those that failed
+        first = min(step.first_failed(step.failed) for step in steps if step.failed)
         bad = {}
-        for data, (waits, previous) in self.waiting.items():
+        for data, (waits, _, previous, kept_by, node) in self.waiting.items():
             failed = [(step, mask) for step, mask in waits if step.failed & mask]
             if failed:
                 step, mask = min(failed, key=lambda f: order[f[0]])
-                bad[id(data)] = (step.error(mask), previous)
+                back = previous if previous is not None and _updated_after(node, previous, first) else None
+                kept = kept_by is not None and all(s is kept_by for s, _ in failed)
+                bad[id(data)] = (step.error(mask), back, kept)
         for value in live:
             value.resolve()
             if value.data is not None and id(value.data) in bad:
-                error, previous = bad[id(value.data)]
-                if previous is not None and previous.array is not None and id(previous) not in bad:
+                error, previous, kept = bad[id(value.data)]
+                if previous is not None and kept:
+                    pass   # the executable kept the old value in this very buffer
+                elif previous is not None and previous.array is not None and id(previous) not in bad:
                     value.data = previous   # a tensor updated in place: its value before the step
                     if value.owner is not None:
                         self.latest[value.owner] = previous
@@ -159,6 +177,24 @@ class Ledger:
                 error = _reads(value.node, bad)
                 if error is not None:
                     value.fail(error)
+
+
+def _updated_after(node, previous: DeviceData, first: int) -> bool:
+    """Whether the in-place updates that made `node`'s output from `previous`
+    were all recorded at or after the failed op `first`: then
+    eager, stopped by that op, left the tensor at `previous`. An in-place op's
+    functional form takes the old value first (add(self, other), index_put(self,
+    ...)): the updates are the first-operand chain from root back to previous.
+    A chain that does not reach previous (the tensor overwritten, e.g. by
+    copy_) or that holds an earlier update gives nothing back: poisoned."""
+    while True:
+        if node.seq < first or not node.operands:
+            return False
+        operand = node.operands[0]
+        data = operand if operand.__class__ is not tuple else computed_output(*operand)
+        if data is not None:
+            return data is previous
+        node = operand[0]
 
 
 def _reads(node, bad: dict) -> Exception | None:
