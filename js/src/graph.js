@@ -375,7 +375,8 @@ class GraphView {
       html("td", null, tr, value);
     }
     if (item.kind === "node") {
-      html("div", "xg-subtitle", d, item.hlo && item.hlo.length ? `HLO (${item.hlo.length})` : "HLO: none of its own (folded into others, or a no-op)");
+      html("div", "xg-subtitle", d, item.hlo && item.hlo.length ? "HLO instructions it became"
+        : "HLO: none of its own (folded into others, or a no-op)");
       const pre = html("pre", "xg-hlo", d);
       pre.textContent = (item.hlo || []).join("\n");
     }
