@@ -326,7 +326,7 @@ def memory_lines(record: StepRecord) -> list[str]:
     m = record.memory
     if m is None:
         return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
-    per = "per device" + (f" (each of {m.devices} devices)" if m.devices > 1 else "")
+    per = f"on each of {m.devices} devices" if m.devices > 1 else "per device"
     aliased = f" - {human_bytes(m.aliased)} written into donated inputs" if m.aliased else ""
     code = f" + code {human_bytes(m.code)}" if m.code else ""
     lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "

@@ -32,9 +32,9 @@ def memory_html(record: StepRecord) -> str:
                 ("- into donated inputs", m.aliased,
                  "outputs written into donated inputs' buffers: counted in both above, held once"),
                 ("+ temporaries", m.temporaries, "XLA's scratch space for intermediates (activations, ...)"),
-                ("= allocated", m.allocated, "every buffer of the executable, each held once"),
-                ("peak", m.peak, "the most bytes of buffers live at once in XLA's schedule (not all are live "
-                                 "together, so at most the allocated sum)"),
+                ("= allocated", m.allocated, "every buffer of the executable, each held once: the safe bound"),
+                ("peak", m.peak, "XLA's count of the most held at once (its schedule frees buffers early; on a "
+                                 "CPU it has left the temporaries out)"),
                 ("device memory", m.device_limit, "what the device has" if m.device_limit is not None
                  else "not reported by the device's runtime (a CPU's is not)")]
         if m.code:

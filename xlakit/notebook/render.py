@@ -12,9 +12,10 @@ from .. import record as record_text
 from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
 from . import graph_dot, panels, sharding_view
 
+# left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
 STYLE = """<style>
 .xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
-.xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left}
+.xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left !important}
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
 .xlakit-step .xlakit-warning{background:#fce8e6;border:1px solid #d93025;padding:4px 8px;margin:4px 0}
