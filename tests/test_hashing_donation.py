@@ -1,4 +1,5 @@
 """The four defects of torch_xla's design, shown absent in xlakit (DESIGN.md)."""
+import json
 import os
 import subprocess
 import sys
@@ -265,3 +266,50 @@ def test_steps_dispatched_ahead_agree_with_eager(dev, monkeypatch):
     torch.testing.assert_close(w.cpu(), w_eager, rtol=1e-5, atol=0)
     assert not xlakit.last_step().timings.waited  # its execute time is only the dispatch: the view says so
     assert "to dispatch (not waited for)" in render.timing_table(xlakit.last_step())
+
+
+TRAINING_PROGRAM = textwrap.dedent("""
+    import json, torch, xlakit
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    eager = __import__("copy").deepcopy(model)
+    lazy = model.to(xlakit.device())
+    runs = []
+    for m, data in ((eager, (x, y)), (lazy, (x.to(xlakit.device()), y.to(xlakit.device())))):
+        opt = torch.optim.AdamW(m.parameters(), lr=0.1)
+        with xlakit.capture() as records:
+            for _ in range(3):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(m(data[0]), data[1]).backward()
+                opt.step()
+                xlakit.mark_step()
+        runs.append([p.detach().cpu().tolist() for p in m.parameters()])
+    print(json.dumps({"same_as_eager": runs[0] == runs[1] or all(
+        torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-6) for a, b in zip(*runs)),
+        "records": [[r.cache, r.timings.lower] for r in records]}))
+""")
+
+
+def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(tmp_path):
+    """xlakit's own disk entries, keyed by xlakit's key: the second process neither lowers
+    nor compiles, and its donating steps compute what eager computes."""
+    env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path / "cache")}
+    first, second = (json.loads(subprocess.run([sys.executable, "-c", TRAINING_PROGRAM], env=env, check=True,
+                                               capture_output=True, text=True).stdout) for _ in range(2))
+    assert first["same_as_eager"] and second["same_as_eager"]
+    assert "miss" in [cache for cache, _ in first["records"]]
+    assert {cache for cache, _ in second["records"]} <= {"persistent_hit", "hit"}
+    assert all(lower == 0.0 for _, lower in second["records"])
+    assert list((tmp_path / "cache" / "xlakit-executables").glob("*.pickle"))
+
+
+def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
+    """0.0 == -0.0 in Python, yet 1 / nan_to_num(x, nan=-0.0) is -inf: the memo of
+    op signatures once gave both the first one's key, and the second step hit the
+    first one's executable."""
+    x = torch.tensor([float("nan"), 2.0])
+    for zero in (0.0, -0.0, 0.0):
+        got = 1.0 / torch.nan_to_num(x.to(dev), nan=zero)
+        xlakit.mark_step()
+        assert torch.equal(got.cpu(), 1.0 / torch.nan_to_num(x, nan=zero))

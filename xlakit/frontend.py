@@ -167,10 +167,14 @@ def _split_one(value, tensors: list, lifted: bool):
         return Slot(len(tensors) - 1), _LIFTED
     if isinstance(value, torch.device):
         return value, str(value)
+    if isinstance(value, (float, complex)):  # exact: 0.0 == -0.0, yet 1 / x tells them apart
+        return value, (value.__class__, repr(value))
     return value, (value.__class__, value)
 
 
-# memo: signature -> (output avals, output structure, node signature bytes)
+# memo: signature -> (output avals, output structure, node signature bytes, template).
+# A signature determines its template, so nodes share the memo's template: fewer
+# objects per recorded op outlive it, and Python's collector runs less often.
 _SHAPES: dict = {}
 
 
@@ -194,7 +198,7 @@ def _infer(func, template, tensors, signature):
     avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
     structure = type(out) if isinstance(out, (tuple, list)) else None
     node_signature = repr((str(func), template, avals)).encode()
-    result = _SHAPES[signature] = (avals, structure, node_signature)
+    result = _SHAPES[signature] = (avals, structure, node_signature, template)
     return result
 
 
@@ -312,7 +316,7 @@ def _record(func, args, kwargs):
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
     try:
-        avals, structure, node_signature = _infer(func, template, tensors, signature)
+        avals, structure, node_signature, template = _infer(func, template, tensors, signature)
     except NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
