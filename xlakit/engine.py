@@ -83,7 +83,10 @@ class LiveValue:
 
 class Engine:
     def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
-        self.tensors: dict[int, tuple[LiveValue, torch._C._WeakTensorRef]] = {}
+        # two dicts, not one of pairs: a pair per registered tensor would be one more
+        # object per op for Python's collector to walk over
+        self.tensors: dict[int, LiveValue] = {}
+        self._refs: dict[int, torch._C._WeakTensorRef] = {}
         self._prune_at = 10_000
         # called before each step marker (the frontend stamps tensor labels)
         self.before_step: list = []
@@ -102,13 +105,14 @@ class Engine:
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
-        self.tensors[tensor._cdata] = (value, torch._C._WeakTensorRef(tensor))
+        self.tensors[tensor._cdata] = value
+        self._refs[tensor._cdata] = torch._C._WeakTensorRef(tensor)
         if len(self.tensors) > self._prune_at:  # long traces without a sync
             live = len(self.live_values())
             self._prune_at = max(2 * live, 10_000)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
-        return self.tensors[tensor._cdata][0]
+        return self.tensors[tensor._cdata]
 
     def read(self, value: LiveValue) -> DeviceData:
         """The device data of a computed value; waits for executions dispatched ahead,
@@ -129,10 +133,10 @@ class Engine:
 
     def live_values(self) -> list[LiveValue]:
         """Values of tensors still alive; forget the rest."""
-        dead = [k for k, (_, ref) in self.tensors.items() if ref.expired()]
+        dead = [k for k, ref in self._refs.items() if ref.expired()]
         for k in dead:
-            del self.tensors[k]
-        return list({id(v): v for v, _ in self.tensors.values()}.values())
+            del self.tensors[k], self._refs[k]
+        return list({id(v): v for v in self.tensors.values()}.values())
 
     # -- syncs --------------------------------------------------------------
     def sync(self, tensors=None, *, trigger: str, source: str | None = None):
@@ -270,7 +274,8 @@ class Engine:
             self.counters["cache_hits"] += 1
             return entry, "hit", 0.0, 0.0, (), ()
         closest = self._closest(key)
-        entry, outcome, lower_s, compile_s = self._compile(graph, donors, key, flags, placement)
+        entry, outcome, lower_s, compile_s = self._load(key, graph, placement) or \
+            self._compile(graph, donors, key, flags, placement)
         changed, why = (), ()
         if closest is not None:
             changed = tuple(keys.diff(key.components, closest.key.components))
@@ -314,6 +319,25 @@ class Engine:
         ))
         self.trace_seconds = 0.0
 
+    def _load(self, key: keys.Key, graph: Graph, placement):
+        """The executable an earlier process stored for this key: no lowering, no compile.
+        Its load time is reported as the compile time."""
+        if placement is not None:
+            return None
+        t0 = time.perf_counter()
+        entry = cache_mod.load(key.key)
+        if entry is None:
+            return None
+        self.counters["cache_misses"] += 1
+        self.counters["persistent_cache_hits"] += 1
+        self._keep(entry, graph)
+        return entry, "persistent_hit", 0.0, time.perf_counter() - t0
+
+    def _keep(self, entry: cache_mod.Entry, graph: Graph) -> None:
+        _warn_if_too_big(entry.memory, graph)
+        self.cache.capacity = config.cache_size
+        self.cache.put(entry.key.key, entry)
+
     def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
         t0 = time.perf_counter()
         lowered, step_checks = lowering.lower(graph, donors, flags["matmul_precision"], placement,
@@ -331,9 +355,8 @@ class Engine:
                                 memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
-        _warn_if_too_big(entry.memory, graph)
-        self.cache.capacity = config.cache_size
-        self.cache.put(key.key, entry)
+        self._keep(entry, graph)
+        cache_mod.store(entry)
         return entry, outcome, t1 - t0, t2 - t1
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:

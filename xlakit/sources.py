@@ -69,6 +69,33 @@ def recorded_at(source: Source | None):
         _RECORDED_AT.source = before
 
 
+# Interned Frames and Sources: a training step records the same lines every step, and
+# one shared object per line (not one per op) keeps Python's collector from running
+# over thousands of them. Bounded: each re-run of a notebook cell makes new code objects.
+_FRAMES: dict[tuple, Frame] = {}
+_SOURCES: dict[tuple, Source] = {}
+_INTERNED_LIMIT = 50_000
+
+
+def _frame(code, line: int) -> Frame:
+    key = (code, line)
+    frame = _FRAMES.get(key)
+    if frame is None:
+        if len(_FRAMES) > _INTERNED_LIMIT:
+            _FRAMES.clear()
+            _SOURCES.clear()  # keyed by the ids of interned frames
+        frame = _FRAMES[key] = Frame(code.co_filename, line, code.co_name)
+    return frame
+
+
+def _source(user: Frame | None, library: Frame | None, module: str) -> Source:
+    key = (id(user), id(library), module)  # interned frames: identity is equality
+    source = _SOURCES.get(key)
+    if source is None:
+        source = _SOURCES[key] = Source(user, library, module)
+    return source
+
+
 def capture() -> Source | None:
     """The innermost user line, the innermost library line below it, and the module path."""
     if _RECORDED_AT.source is not None:
@@ -80,11 +107,11 @@ def capture() -> Source | None:
         code = frame.f_code
         kind = _kind(code.co_filename)
         if kind == USER:
-            return Source(Frame(code.co_filename, frame.f_lineno, code.co_name), library, module)
+            return _source(_frame(code, frame.f_lineno), library, module)
         if kind == LIBRARY and library is None:
-            library = Frame(code.co_filename, frame.f_lineno, code.co_name)
+            library = _frame(code, frame.f_lineno)
         frame = frame.f_back
-    return Source(None, library, module) if library is not None or module else None
+    return _source(None, library, module) if library is not None or module else None
 
 
 def user_line() -> str | None:
