@@ -1,10 +1,18 @@
-"""Executables by key: an in-memory LRU in front of JAX's persistent cache on disk."""
+"""Executables by key: an in-memory LRU, then xlakit's executables on disk by the same
+key, then JAX's persistent compilation cache.
+
+JAX's cache is keyed by the lowered program, so a hit there still pays for lowering
+the graph; xlakit's own files are keyed by xlakit's key (keys.py: graph, inputs,
+donors, backend and versions, flags), so a second process that traces the same
+step loads its executable without lowering or compiling it."""
 from __future__ import annotations
 
 import collections
 import dataclasses
 import inspect
 import os
+import pickle
+import tempfile
 import threading
 import warnings
 from pathlib import Path
@@ -67,8 +75,56 @@ def default_cache_dir() -> str | None:
     return os.path.join(base, "xlakit", "jax")
 
 
+_EXECUTABLES: Path | None = None   # where xlakit's executables are kept; None: not on disk
+
+
+def load(key: str) -> Entry | None:
+    """The entry stored for `key` by an earlier process, or None. A file that
+    cannot be read back (cut short, written by another jaxlib) is deleted."""
+    if _EXECUTABLES is None:
+        return None
+    path = _EXECUTABLES / f"{key}.pickle"
+    try:
+        with open(path, "rb") as f:
+            stored = pickle.load(f)
+        from jax.experimental.serialize_executable import deserialize_and_load
+        compiled = deserialize_and_load(stored.pop("executable"), stored.pop("in_tree"), stored.pop("out_tree"))
+        return Entry(compiled=compiled, **stored)
+    except FileNotFoundError:
+        return None
+    except Exception:  # noqa: BLE001 - a broken entry is a miss, and is written anew
+        path.unlink(missing_ok=True)
+        return None
+
+
+def store(entry: Entry) -> None:
+    """Keep a one-device entry on disk for later processes; written whole or not at all.
+    (Sharded executables are left to JAX's cache: loading one needs its device assignment.)"""
+    if _EXECUTABLES is None or entry.shardings is not None:
+        return
+    part = None
+    try:
+        from jax.experimental.serialize_executable import serialize
+        executable, in_tree, out_tree = serialize(entry.compiled)
+        stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "key": entry.key,
+                  "hlo": entry.hlo, "checks": entry.checks, "memory": entry.memory, "cost": entry.cost,
+                  "collectives": entry.collectives}
+        with tempfile.NamedTemporaryFile(dir=_EXECUTABLES, suffix=".part", delete=False) as f:
+            part = Path(f.name)
+            pickle.dump(stored, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(part, _EXECUTABLES / f"{entry.key.key}.pickle")
+    except Exception as e:  # noqa: BLE001 - the disk is a cache: a failed write costs a later compile only
+        if part is not None:
+            part.unlink(missing_ok=True)
+        warnings.warn(f"xlakit: could not keep an executable on disk ({type(e).__name__}: {e}); "
+                      "a later process will compile it again.", stacklevel=2)
+
+
 def enable_persistent_cache(path: str | None) -> str | None:
-    """Point JAX's persistent compilation cache at `path` (private to the user)."""
+    """Point JAX's persistent compilation cache, and xlakit's executables, at `path`
+    (private to the user)."""
+    global _EXECUTABLES
+    _EXECUTABLES = None
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
@@ -83,6 +139,12 @@ def enable_persistent_cache(path: str | None) -> str | None:
         return None
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", path)
+    executables = Path(path) / "xlakit-executables"
+    try:
+        executables.mkdir(mode=0o700, exist_ok=True)
+        _EXECUTABLES = executables
+    except OSError:  # JAX's cache still saves the compile
+        pass
     _forget_broken_entries()
     # Cache every executable: small graphs recompile as often as large ones.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
