@@ -313,3 +313,23 @@ def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
         got = 1.0 / torch.nan_to_num(x.to(dev), nan=zero)
         xlakit.mark_step()
         assert torch.equal(got.cpu(), 1.0 / torch.nan_to_num(x, nan=zero))
+
+
+def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(tmp_path):
+    """XLA's CPU executables that JAX's cache loaded serialize without their kernels
+    ("Function ... not found" when run): only executables compiled in the process are
+    kept, so a process after one that hit JAX's cache still runs and agrees with eager."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "XLAKIT_CACHE_DIR": str(cache)}
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", TRAINING_PROGRAM], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    run()
+    for stored in (cache / "xlakit-executables").glob("*.pickle"):
+        stored.unlink()
+    assert run()["same_as_eager"]  # served by JAX's cache
+    last = run()
+    assert last["same_as_eager"] and {c for c, _ in last["records"]} <= {"persistent_hit", "hit"}

@@ -356,7 +356,8 @@ class Engine:
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
         self._keep(entry, graph)
-        cache_mod.store(entry)
+        if outcome == "miss":  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
+            cache_mod.store(entry)
         return entry, outcome, t1 - t0, t2 - t1
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
