@@ -7,6 +7,8 @@ rebinds the tensors to the results and appends one StepRecord.
 from __future__ import annotations
 
 import collections
+import contextlib
+import gc
 import threading
 import time
 
@@ -159,7 +161,8 @@ class Engine:
             targets = [t for t in targets if t.node is not None]
             if not targets:
                 return None
-            return self._compute(targets, live, full=full, trigger=trigger, source=source)
+            with _collector_paused():
+                return self._compute(targets, live, full=full, trigger=trigger, source=source)
 
     def _compute(self, targets, live, *, full: bool, trigger: str, source: str | None):
         failure, executed = None, None
@@ -415,6 +418,23 @@ class Engine:
     def reset_metrics(self) -> None:
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
         self.log.clear()
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cyclic collector off while a sync runs. A sync builds the graph, its
+    key and, on a miss, JAX's trace of it: tens of thousands of objects that all
+    live until it ends, so each collection they trigger walks the whole heap (~200
+    ms with torch and transformers loaded) and frees nothing. Measured: lowering a
+    1479-node Llama step 0.58 -> 0.40 s. Reference counting still frees garbage."""
+    if not gc.isenabled():  # the user's choice, or a sync inside a sync
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class StepExecutionError(RuntimeError):
