@@ -1,0 +1,218 @@
+"""Real models' training steps, all peers in one run, and cold start (issue: performance).
+
+transformers' Llama (4 layers, hidden 256, 4 heads / 2 key-value heads, vocab 8000)
+and GPT-2 (4 layers, hidden 256, 4 heads, vocab 8000), batch 8 x 128 tokens, an
+AdamW step (loss = the model's own causal-LM loss). Peers: eager torch on CPU,
+torch_xla 2.9 lazy, xlakit lazy (the default waiting step marker), xlakit
+dispatching ahead, and the floor: the same model and AdamW written in JAX
+(bench/jax_models.py, checked against the torch model's loss first) as one
+donating jax.jit. Then cold start: a fresh process with an empty cache dir runs
+two steps, and a second fresh process with the same dir runs them again.
+`python bench/real_models.py [--quick]`.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import jax_models  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from timing import seconds_per_step  # noqa: E402
+
+torch.set_float32_matmul_precision("highest")
+jax.config.update("jax_default_matmul_precision", "highest")
+LR, BETAS, EPS, WEIGHT_DECAY = 1e-4, (0.9, 0.999), 1e-8, 1e-2
+
+
+def llama(quick: bool):
+    cfg = transformers.LlamaConfig(
+        vocab_size=512 if quick else 8000, hidden_size=64 if quick else 256, intermediate_size=128 if quick else 688,
+        num_hidden_layers=1 if quick else 4, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=128, attention_dropout=0.0)
+    return transformers.LlamaForCausalLM(cfg), jax_models.llama_logits
+
+
+def gpt2(quick: bool):
+    cfg = transformers.GPT2Config(
+        vocab_size=512 if quick else 8000, n_embd=64 if quick else 256, n_layer=1 if quick else 4, n_head=4,
+        n_positions=128, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(cfg), jax_models.gpt2_logits
+
+
+MODELS = {"Llama": llama, "GPT-2": gpt2}
+
+
+def build(name: str, quick: bool):
+    torch.manual_seed(0)
+    model, logits = MODELS[name](quick)
+    model.config.use_cache = False
+    ids = torch.randint(0, model.config.vocab_size, (2, 16) if quick else (8, 128))
+    return model, logits, ids
+
+
+def torch_peer(model, ids, device, after_step=lambda: None):
+    model = copy.deepcopy(model).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    ids = ids.to(device)
+
+    def step():
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        after_step()
+    return step
+
+
+def jax_peer(model, logits_fn, ids):
+    """The same model and AdamW written in JAX, one donating jax.jit: XLA's own floor."""
+    params, cfg = jax_models.trainable(model), model.config
+    idsj = jnp.asarray(ids.numpy())
+
+    def loss(p):
+        return jax_models.causal_lm_loss(logits_fn(p, idsj, cfg), idsj)
+
+    with torch.no_grad():
+        expected = model(input_ids=ids, labels=ids).loss.item()
+    np.testing.assert_allclose(float(jax.jit(loss)(params)), expected, rtol=1e-4)
+
+    def train_step(p, m, v, t):
+        g = jax.grad(loss)(p)
+        (b1, b2) = BETAS
+        m = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, m, g)
+        v = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * g * g, v, g)
+
+        def update(p, m, v):
+            return p * (1 - LR * WEIGHT_DECAY) - LR * (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + EPS)
+        return jax.tree.map(update, p, m, v), m, v
+
+    train_step = jax.jit(train_step, donate_argnums=(0, 1, 2))
+    state = {"p": params, "m": jax.tree.map(jnp.zeros_like, params), "v": jax.tree.map(jnp.zeros_like, params),
+             "t": 0}
+
+    def step():
+        state["t"] += 1
+        state["p"], state["m"], state["v"] = train_step(state["p"], state["m"], state["v"], float(state["t"]))
+    return step, lambda: jax.block_until_ready(state["p"])
+
+
+def peers(model, logits_fn, ids):
+    import xlakit
+
+    def dispatch_ahead():
+        xlakit.config.wait_for_execution = False
+        try:
+            xlakit.mark_step()
+        finally:
+            xlakit.config.wait_for_execution = True
+
+    result = {"jax.jit (donating)": jax_peer(model, logits_fn, ids),
+              "eager torch": (torch_peer(model, ids, "cpu"), lambda: None)}
+    try:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        result["torch_xla lazy"] = (torch_peer(model, ids, torch_xla.device(), after_step=torch_xla.sync),
+                                    xm.wait_device_ops)
+    except ImportError:  # torch_xla: the .venv column only (it needs torch 2.9)
+        pass
+    result["xlakit lazy"] = (torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step), lambda: None)
+    result["xlakit lazy, dispatch ahead"] = (torch_peer(model, ids, xlakit.device(), after_step=dispatch_ahead),
+                                             xlakit.wait)
+    return result
+
+
+def measure(name: str, quick: bool):
+    import xlakit
+
+    model, logits_fn, ids = build(name, quick)
+    steps, rounds = (2, 1) if quick else (5, 3)
+    rows, records = {}, []
+    for peer, (step, wait) in peers(model, logits_fn, ids).items():
+        with xlakit.capture() as captured:
+            rows[peer] = seconds_per_step(step, wait, steps, warmup=3, rounds=rounds) * 1e3
+        if peer == "xlakit lazy":
+            records = captured[-steps:]
+    floor, torch_xla = rows["jax.jit (donating)"], rows.get("torch_xla lazy")
+    print(f"\n### {name}: AdamW step, batch x seq {tuple(ids.shape)}, median ms/step of {rounds} rounds of "
+          f"{steps} steps\n\n| peer | ms/step | × torch_xla lazy | × jax.jit |\n|---|---|---|---|")
+    for peer, ms in rows.items():
+        ratio = f"{ms / torch_xla:.2f}" if torch_xla else "-"
+        print(f"| {peer} | {ms:.1f} | {ratio} | {ms / floor:.2f} |")
+    if records:
+        median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        print(f"\nxlakit lazy, per step: {records[-1].num_nodes} nodes; Python recording "
+              f"{median([r.timings.trace for r in records]) * 1e3:.1f} ms, execution (waited) "
+              f"{median([r.timings.execute for r in records]) * 1e3:.1f} ms; the rest of the step is the "
+              "step marker's own work (cut, key, cache lookup, records) and Python's collector")
+
+
+def cold_start_child(quick: bool):
+    """Run in a fresh process: the first two steps' executions (each sync) and wall times."""
+    import xlakit
+
+    model, _, ids = build("Llama", quick)
+    walls = []
+    with xlakit.capture() as records:
+        t = time.perf_counter()
+        step = torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step)
+        for _ in range(2):
+            step()
+            walls.append(time.perf_counter() - t)
+            t = time.perf_counter()
+    rows = [{"trigger": r.trigger, "nodes": r.num_nodes, "cache": r.cache, "trace": r.timings.trace,
+             "lower": r.timings.lower, "compile": r.timings.compile, "execute": r.timings.execute} for r in records]
+    print(json.dumps({"executions": rows, "walls": walls}))
+
+
+def cold_start(quick: bool):
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dir)
+        runs = []
+        for _ in range(2):
+            done = subprocess.run([sys.executable, __file__, "--cold-start-child"] + (["--quick"] if quick else []),
+                                  env=env, capture_output=True, text=True, timeout=900, check=True)
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import xlakit"], env=env, check=True)
+        import_s = time.perf_counter() - started
+    print("\n### Cold start: Llama's first two steps (moving the model included) in a fresh process, then in a "
+          "second process with the same cache dir\n\n| process | execution | trigger | nodes | executable from | "
+          "Python recording s | lowering s | XLA compile s | execution s |\n|---|---|---|---|---|---|---|---|---|")
+    for label, run in zip(("first (empty cache)", "second (same cache dir)"), runs):
+        for i, s in enumerate(run["executions"]):
+            print(f"| {label} | {i + 1} | {s['trigger']} | {s['nodes']} | {s['cache']} | {s['trace']:.2f} | "
+                  f"{s['lower']:.2f} | {s['compile']:.2f} | {s['execute']:.2f} |")
+    for label, run in zip(("first", "second"), runs):
+        print(f"\n{label} process: step 1 {run['walls'][0]:.2f} s, step 2 {run['walls'][1]:.2f} s wall")
+    print(f"\n`python -c 'import xlakit'` (a whole process, torch and jax included): {import_s:.2f} s")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
+    parser.add_argument("--cold-start-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.cold_start_child:
+        return cold_start_child(args.quick)
+    import platform
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}, "
+          f"transformers {transformers.__version__}; float32 matmul precision: highest")
+    for name in MODELS:
+        measure(name, args.quick)
+    cold_start(args.quick)
+
+
+if __name__ == "__main__":
+    main()
