@@ -3,6 +3,8 @@ with no framework at run time. Parameters come from the torch model's state_dict
 `forward` is checked against the torch model once before timing."""
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,7 +25,7 @@ def _attention(p, name, x, heads):
     batch, seq, d = x.shape
     qkv = x @ p[f"{name}.in_proj_weight"].T + p[f"{name}.in_proj_bias"]
     q, k, v = (t.reshape(batch, seq, heads, d // heads).transpose(0, 2, 1, 3) for t in jnp.split(qkv, 3, -1))
-    weights = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads), axis=-1)
+    weights = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(d // heads), axis=-1)
     out = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, seq, d)
     return _linear(p, f"{name}.out_proj", out)
 
@@ -64,7 +66,7 @@ def _rms_norm(w, x, eps):
 def _causal_attention(q, k, v):
     """q, k, v: (batch, heads, seq, head_dim); softmax in float32 as transformers does."""
     seq, dim = q.shape[2], q.shape[3]
-    scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(dim)
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dim)
     scores = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), scores, jnp.finfo(scores.dtype).min)
     batch, heads = q.shape[:2]
     return (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(batch, seq, heads * dim)

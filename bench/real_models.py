@@ -78,7 +78,9 @@ def torch_peer(model, ids, device, after_step=lambda: None):
 def jax_peer(model, logits_fn, ids):
     """The same model and AdamW written in JAX, one donating jax.jit: XLA's own floor."""
     params, cfg = jax_models.trainable(model), model.config
-    idsj = jnp.asarray(ids.numpy())
+    # 32-bit token ids and step count, as a JAX program has them (xlakit turns on JAX's
+    # 64-bit mode for the whole process)
+    idsj = jnp.asarray(ids.numpy().astype(np.int32))
 
     def loss(p):
         return jax_models.causal_lm_loss(logits_fn(p, idsj, cfg), idsj)
@@ -103,7 +105,7 @@ def jax_peer(model, logits_fn, ids):
 
     def step():
         state["t"] += 1
-        state["p"], state["m"], state["v"] = train_step(state["p"], state["m"], state["v"], float(state["t"]))
+        state["p"], state["m"], state["v"] = train_step(state["p"], state["m"], state["v"], np.float32(state["t"]))
     return step, lambda: jax.block_until_ready(state["p"])
 
 
