@@ -65,10 +65,15 @@ class Source:
     user: Frame | None
     library: Frame | None = None
     module: str = ""
+    # its text, made once: every sync digests every node's source (keys.metadata_bytes)
+    text: str = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        where = " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
+        object.__setattr__(self, "text", f"{where} [{self.module}]" if self.module else where)
 
     def __str__(self) -> str:
-        where = " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
-        return f"{where} [{self.module}]" if self.module else where
+        return self.text
 
 
 class DeviceData:
@@ -197,17 +202,20 @@ def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
                 continue
             waiting = False
             for operand in node.operands:
-                if operand.__class__ is tuple and operand[0] not in node_pos \
-                        and computed_output(*operand) is None:
-                    stack.append(operand[0])
-                    waiting = True
+                if operand.__class__ is tuple:
+                    producer = operand[0]
+                    if producer not in node_pos and (producer.results is None
+                                                     or producer.results[operand[1]] is None):
+                        stack.append(producer)
+                        waiting = True
             if waiting:
                 continue
             stack.pop()
             wires = []
             for operand in node.operands:
                 if operand.__class__ is tuple:
-                    data = computed_output(*operand)
+                    results = operand[0].results  # computed_output, inlined: this is the hot loop
+                    data = None if results is None else results[operand[1]]
                     if data is None:
                         wires.append((node_pos[operand[0]], operand[1]))
                         continue
