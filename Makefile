@@ -68,6 +68,7 @@ bench: venv
 	.venv/bin/python bench/render.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/compiled.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/training.py
+	PJRT_DEVICE=CPU .venv/bin/python bench/real_models.py
 	.venv/bin/python bench/sharding.py
 
 fuzz: venv

@@ -8,7 +8,8 @@ dispatching ahead, and the floor: the same model and AdamW written in JAX
 (bench/jax_models.py, checked against the torch model's loss first) as one
 donating jax.jit. Then cold start: a fresh process with an empty cache dir runs
 two steps, and a second fresh process with the same dir runs them again.
-`python bench/real_models.py [--quick]`.
+Also torch.compile (inductor). `python bench/real_models.py [--quick] [--device cuda]`
+(bench/gpu.sh runs the latter, with a bigger Llama).
 """
 from __future__ import annotations
 
@@ -51,25 +52,35 @@ def gpt2(quick: bool):
     return transformers.GPT2LMHeadModel(cfg), jax_models.gpt2_logits
 
 
+def bigger_llama(quick: bool):
+    """For a GPU (bench/gpu.sh): large enough that the device, not Python, sets the pace."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
+        num_key_value_heads=4, max_position_embeddings=512, attention_dropout=0.0)
+    return transformers.LlamaForCausalLM(cfg), jax_models.llama_logits
+
+
 MODELS = {"Llama": llama, "GPT-2": gpt2}
+GPU_MODELS = {**MODELS, "Llama 8 x 1024": bigger_llama}
 
 
 def build(name: str, quick: bool):
     torch.manual_seed(0)
-    model, logits = MODELS[name](quick)
+    model, logits = GPU_MODELS[name](quick)
     model.config.use_cache = False
     ids = torch.randint(0, model.config.vocab_size, (2, 16) if quick else (8, 128))
     return model, logits, ids
 
 
-def torch_peer(model, ids, device, after_step=lambda: None):
+def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m):
     model = copy.deepcopy(model).to(device)
+    run = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     ids = ids.to(device)
 
     def step():
         opt.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
+        run(input_ids=ids, labels=ids).loss.backward()
         opt.step()
         after_step()
     return step
@@ -109,7 +120,7 @@ def jax_peer(model, logits_fn, ids):
     return step, lambda: jax.block_until_ready(state["p"])
 
 
-def peers(model, logits_fn, ids):
+def peers(model, logits_fn, ids, device):
     import xlakit
 
     def dispatch_ahead():
@@ -119,9 +130,13 @@ def peers(model, logits_fn, ids):
         finally:
             xlakit.config.wait_for_execution = True
 
+    torch_wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result = {"jax.jit (donating)": jax_peer(model, logits_fn, ids),
-              "eager torch": (torch_peer(model, ids, "cpu"), lambda: None)}
+              "eager torch": (torch_peer(model, ids, device), torch_wait),
+              "torch.compile inductor": (torch_peer(model, ids, device, wrap=torch.compile), torch_wait)}
     try:
+        if device != "cpu":
+            raise ImportError("torch_xla runs here on the CPU only")
         import torch_xla
         import torch_xla.core.xla_model as xm
 
@@ -135,13 +150,13 @@ def peers(model, logits_fn, ids):
     return result
 
 
-def measure(name: str, quick: bool):
+def measure(name: str, quick: bool, device: str):
     import xlakit
 
     model, logits_fn, ids = build(name, quick)
     steps, rounds = (2, 1) if quick else (5, 3)
     rows, records = {}, []
-    for peer, (step, wait) in peers(model, logits_fn, ids).items():
+    for peer, (step, wait) in peers(model, logits_fn, ids, device).items():
         with xlakit.capture() as captured:
             rows[peer] = seconds_per_step(step, wait, steps, warmup=3, rounds=rounds) * 1e3
         if peer == "xlakit lazy":
@@ -204,6 +219,8 @@ def cold_start(quick: bool):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where the torch peers run (JAX's peers and xlakit use JAX's default device)")
     parser.add_argument("--cold-start-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_start_child:
@@ -211,8 +228,8 @@ def main():
     import platform
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}, "
           f"transformers {transformers.__version__}; float32 matmul precision: highest")
-    for name in MODELS:
-        measure(name, args.quick)
+    for name in GPU_MODELS if args.device == "cuda" and not args.quick else MODELS:
+        measure(name, args.quick, args.device)
     cold_start(args.quick)
 
 

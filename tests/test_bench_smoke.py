@@ -18,3 +18,11 @@ def test_render_benchmark_runs_quick():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| static SVG (dot) |" in done.stdout and "| open (first draw) |" in done.stdout
+
+
+def test_real_models_benchmark_runs_quick():
+    done = subprocess.run([sys.executable, str(BENCH / "real_models.py"), "--quick"], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
+    assert "| second (same cache dir) |" in done.stdout
