@@ -30,7 +30,7 @@ import jax_models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from timing import seconds_per_step  # noqa: E402
+from timing import mark_step_ahead, seconds_per_step  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -123,13 +123,6 @@ def jax_peer(model, logits_fn, ids):
 def peers(model, logits_fn, ids, device):
     import xlakit
 
-    def dispatch_ahead():
-        xlakit.config.wait_for_execution = False
-        try:
-            xlakit.mark_step()
-        finally:
-            xlakit.config.wait_for_execution = True
-
     torch_wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result = {"jax.jit (donating)": jax_peer(model, logits_fn, ids),
               "eager torch": (torch_peer(model, ids, device), torch_wait),
@@ -145,7 +138,7 @@ def peers(model, logits_fn, ids, device):
     except ImportError:  # torch_xla: the .venv column only (it needs torch 2.9)
         pass
     result["xlakit lazy"] = (torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step), lambda: None)
-    result["xlakit lazy, dispatch ahead"] = (torch_peer(model, ids, xlakit.device(), after_step=dispatch_ahead),
+    result["xlakit lazy, dispatch ahead"] = (torch_peer(model, ids, xlakit.device(), after_step=mark_step_ahead),
                                              xlakit.wait)
     return result
 

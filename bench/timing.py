@@ -26,3 +26,15 @@ def seconds_per_step(step, wait, steps: int, warmup: int, rounds: int = 3) -> fl
     for _ in range(warmup):
         step()
     return median_seconds(lambda: [step() for _ in range(steps)], wait, repeats=rounds, warmup=0) / steps
+
+
+def mark_step_ahead() -> None:
+    """xlakit's step marker returning at dispatch: Python traces the next step while
+    the device runs this one (the "dispatch ahead" peers)."""
+    import xlakit
+
+    xlakit.config.wait_for_execution = False
+    try:
+        xlakit.mark_step()
+    finally:
+        xlakit.config.wait_for_execution = True

@@ -25,7 +25,7 @@ import jax_models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-from timing import seconds_per_step  # noqa: E402
+from timing import mark_step_ahead, seconds_per_step  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -120,14 +120,6 @@ def peers(model, x, y, quick, device):
     import xlakit
 
     torch_wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-
-    def dispatch_ahead():
-        xlakit.config.wait_for_execution = False
-        try:
-            xlakit.mark_step()
-        finally:
-            xlakit.config.wait_for_execution = True
-
     result = {"jax.jit (donating)": jax_peer(model, x, y)}
     try:
         result["torchax (JittableModule + optax)"] = torchax_peer(model, x, y)
@@ -141,7 +133,7 @@ def peers(model, x, y, quick, device):
     result["xlakit lazy"] = (torch_peer(model, x, y, xlakit.device(), after_step=xlakit.mark_step),
                              lambda: None)
     result["xlakit lazy, dispatch ahead"] = (
-        torch_peer(model, x, y, xlakit.device(), after_step=dispatch_ahead), xlakit.wait)
+        torch_peer(model, x, y, xlakit.device(), after_step=mark_step_ahead), xlakit.wait)
     result["xlakit compiled (model on CPU)"] = (
         torch_peer(model, x, y, "cpu", wrap=lambda m: torch.compile(m, backend="xlakit")), lambda: None)
     try:
