@@ -65,15 +65,15 @@ class Source:
     user: Frame | None
     library: Frame | None = None
     module: str = ""
-    # its text, made once: every sync digests every node's source (keys.metadata_bytes)
-    text: str = dataclasses.field(init=False, repr=False, compare=False)
-
-    def __post_init__(self):
-        where = " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
-        object.__setattr__(self, "text", f"{where} [{self.module}]" if self.module else where)
+    # its text, made at the first str(): every sync digests every node's source
+    # (keys.metadata_bytes), and interned sources recur in every step
+    _text: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __str__(self) -> str:
-        return self.text
+        if self._text is None:
+            where = " -> ".join(str(f) for f in (self.user, self.library) if f is not None)
+            object.__setattr__(self, "_text", f"{where} [{self.module}]" if self.module else where)
+        return self._text
 
 
 class DeviceData:

@@ -41,7 +41,7 @@ def graph_bytes(graph: Graph) -> bytes:
 
 def metadata_bytes(graph: Graph) -> bytes:
     """Source lines of the nodes and labels of the inputs: shown, never in the key."""
-    sources = [n.source.text if n.source else None for n in graph.nodes]
+    sources = [str(n.source) if n.source else None for n in graph.nodes]
     return marshal.dumps((sources, [p.label for p in graph.params]), 2)
 
 
