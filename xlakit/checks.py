@@ -104,6 +104,18 @@ def collecting(trace: Trace | None):
         _CURRENT.trace = before
 
 
+def on() -> bool:
+    """Whether lowerings traced now record their checks."""
+    return _CURRENT.trace is not None
+
+
+def adopt(checks: list[Check] | None, flags) -> None:
+    """File checks a node's lowering found apart (traced on its own, lowering.py),
+    with their flags on this trace's tracers, under the node being lowered."""
+    for check, (ok, bad) in zip(checks or (), flags):
+        _CURRENT.trace.found.append((dataclasses.replace(check, node=_CURRENT.node), ok, bad))
+
+
 def at_node(position: int) -> None:
     """The node whose lowering is traced next."""
     _CURRENT.node = position

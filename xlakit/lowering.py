@@ -24,7 +24,7 @@ from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "4"
+LOWERING_VERSION = "5"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
@@ -268,35 +268,70 @@ def _lower_node(node: Node, operands: list) -> list:
     """One node on tracers: its lowering, its outputs cast to the dtypes torch's
     meta kernel gave. A wrong shape cannot be mended: the op fails, and runs
     eagerly from then on."""
-    lowering = lowerings.find(node.op)
+    fn, found = _traced(node, operands)
     try:
-        for aval in node.avals:
-            if aval is not None and aval.dtype not in lowerings.XLA_DTYPES:
-                raise NeedsEager(f"XLA has no {aval.dtype}")
-        if lowering.promote:
-            out = next((a.dtype for a in node.avals if a is not None), None)
-            dtype = jax_dtype(lowerings.computation_dtype(operands, out))
-            operands = [o.astype(dtype) for o in operands]
-        args, kwargs = fill(node.template, operands)
-        if ops.policy(node.op).guard:
-            _GUARDS[op_name(node.op)](*args, **kwargs)
-        result = lowering.fn(*args, **kwargs)
+        results, flags = fn(*operands)
     except NeedsEager as e:
         raise NodeLoweringError(node, e, remember=False) from e
     except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
         raise NodeLoweringError(node, e) from e
+    checks.adopt(found, flags)
+    return list(results)
+
+
+# (node signature, its lowering, operand types, checks on, torch's default dtype, which some
+# lowerings read) -> the node's lowering as an inlined jax.jit.
+# A transformer's layers repeat the same nodes: each is traced by its lowering once, later
+# ones replay the traced jaxpr (the lowerings' own Python, jnp's argument handling and
+# dtype promotion are most of a step's lowering time). Bounded: the oldest go first.
+_TRACED: dict = {}
+_TRACED_LIMIT = 20_000
+
+
+def _traced(node: Node, operands: list):
+    """The node's lowering as a jitted function, and the list its checks are found into."""
+    lowering = lowerings.find(node.op)
+    key = (node.signature, lowering, tuple(o.aval for o in operands), checks.on(), torch.get_default_dtype())
+    entry = _TRACED.get(key)
+    if entry is None:
+        if len(_TRACED) >= _TRACED_LIMIT:
+            del _TRACED[next(iter(_TRACED))]
+        found = [] if checks.on() else None
+        fn = jax.jit(functools.partial(_lowered, node.op, lowering, node.template, node.avals, found), inline=True)
+        entry = _TRACED[key] = fn, found
+    return entry
+
+
+def _lowered(op, lowering, template, avals, found, *operands):
+    """A node's lowering on tracers, and the (ok, offending value) flags of the
+    checks it asked for, which go, when traced, into `found` (None: checks off)."""
+    for aval in avals:
+        if aval is not None and aval.dtype not in lowerings.XLA_DTYPES:
+            raise NeedsEager(f"XLA has no {aval.dtype}")
+    if lowering.promote:
+        out = next((a.dtype for a in avals if a is not None), None)
+        dtype = jax_dtype(lowerings.computation_dtype(operands, out))
+        operands = [o.astype(dtype) for o in operands]
+    own = None if found is None else checks.Trace()
+    with checks.collecting(own):
+        args, kwargs = fill(template, operands)
+        if ops.policy(op).guard:
+            _GUARDS[op_name(op)](*args, **kwargs)
+        result = lowering.fn(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
     arrays = []
-    for value, aval in zip(results, node.avals):
+    for value, aval in zip(results, avals):
         if aval is None:
             arrays.append(None)
             continue
         array = jnp.asarray(value)
         if tuple(array.shape) != aval.shape:
-            raise NodeLoweringError(node, ValueError(
-                f"the lowering returned shape {tuple(array.shape)}, torch says {aval.shape}"))
+            raise ValueError(f"the lowering returned shape {tuple(array.shape)}, torch says {aval.shape}")
         arrays.append(array.astype(jax_dtype(aval.dtype)))
-    return arrays
+    if not own:
+        return arrays, ()
+    found[:] = [check for check, _, _ in own.found]
+    return arrays, tuple((ok, bad) for _, ok, bad in own.found)
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
