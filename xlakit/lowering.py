@@ -291,13 +291,13 @@ _TRACED_LIMIT = 8192
 
 def _traced(node: Node, operands: list):
     """The node's lowering as a jitted function, and the list its checks are found into."""
-    lowering = lowerings.find(node.op)
-    key = (node.signature, lowering, tuple(o.aval for o in operands), checks.on(), torch.get_default_dtype())
+    lowering, checking = lowerings.find(node.op), checks.on()
+    key = (node.signature, lowering, tuple(o.aval for o in operands), checking, torch.get_default_dtype())
     entry = _TRACED.get(key)
     if entry is None:
         if len(_TRACED) >= _TRACED_LIMIT:
             del _TRACED[next(iter(_TRACED))]
-        found = [] if checks.on() else None
+        found = [] if checking else None
         fn = jax.jit(functools.partial(_lowered, node.op, lowering, node.template, node.avals, found), inline=True)
         entry = _TRACED[key] = fn, found
     return entry
