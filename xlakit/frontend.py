@@ -71,14 +71,16 @@ def _per_tensor_of_foreach(op):
     return None
 
 
-def _is_view_copy(op) -> bool:
-    """`t_copy`, `view_copy`, `split_copy`, ...: what functionalization records for a view op."""
+def _view_of_copy(op):
+    """`t_copy` -> `t`, `split_copy` -> `split`, ...: the view op that functionalization records
+    as `op`; None for other ops."""
     name = op._overloadpacket.__name__
     packet = getattr(aten, name.removesuffix("_copy"), None) if name.endswith("_copy") else None
     if packet is None or op._overloadname not in packet.overloads():
-        return False
-    returns = getattr(packet, op._overloadname)._schema.returns
-    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
+        return None
+    view = getattr(packet, op._overloadname)
+    returns = view._schema.returns
+    return view if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write else None
 
 
 class _OpInfo:
@@ -87,7 +89,7 @@ class _OpInfo:
     schema says."""
 
     __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
-                 "functional", "foreach", "shape_only_random", "view_copy", "cpu_indices")
+                 "functional", "foreach", "shape_only_random", "view", "cpu_indices")
 
     def __init__(self, op):
         policy = ops.policy(op)
@@ -107,7 +109,7 @@ class _OpInfo:
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
         self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
-        self.view_copy = _is_view_copy(op)
+        self.view = _view_of_copy(op)
         self.cpu_indices = policy.cpu_indices
 
 
@@ -158,7 +160,7 @@ def _split(func, info: _OpInfo, args, kwargs):
 def _split_one(value, tensors: list, lifted: bool):
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return Slot(len(tensors) - 1), (value.shape, value.dtype)
+        return Slot(len(tensors) - 1), (value.shape, value.dtype, value.stride())
     if isinstance(value, (list, tuple)):
         parts = [_split_one(v, tensors, False) for v in value]
         return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
@@ -172,7 +174,7 @@ def _split_one(value, tensors: list, lifted: bool):
     return value, (value.__class__, value)
 
 
-# memo: signature -> (output avals, output structure, node signature bytes, template).
+# memo: signature -> (output avals, output structure, node signature bytes, template, output layouts).
 # A signature determines its template, so nodes share the memo's template: fewer
 # objects per recorded op outlive it, and Python's collector runs less often.
 _SHAPES: dict = {}
@@ -183,7 +185,7 @@ def _infer(func, template, tensors, signature):
     if cached is not None:
         return cached
     metas = [
-        torch.empty(t.shape, dtype=t.dtype, device=_META) if isinstance(t, torch.Tensor) else t
+        torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META) if isinstance(t, torch.Tensor) else t
         for t in tensors
     ]
     args, kwargs = fill(_meta_template(template), metas)
@@ -191,6 +193,13 @@ def _infer(func, template, tensors, signature):
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
         raise NeedsEager("output shape depends on the data") from e
+    layouts_of = out
+    view = op_info(func).view
+    if view is not None:  # a view_copy's strides and offset are its view's (the copy's are contiguous)
+        try:
+            layouts_of = view(*args, **kwargs)
+        except RuntimeError:  # a view its input's strides cannot give (a replay off a rewritten base)
+            pass
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
         raise NeedsEager("returns Python values, not tensors")
@@ -198,7 +207,9 @@ def _infer(func, template, tensors, signature):
     avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
     structure = type(out) if isinstance(out, (tuple, list)) else None
     node_signature = repr((str(func), template, avals)).encode()
-    result = _SHAPES[signature] = (avals, structure, node_signature, template)
+    layouts = tuple(None if o is None else (o.stride(), o.storage_offset())
+                    for o in (layouts_of if isinstance(layouts_of, (tuple, list)) else (layouts_of,)))
+    result = _SHAPES[signature] = (avals, structure, node_signature, template, layouts)
     return result
 
 
@@ -316,7 +327,7 @@ def _record(func, args, kwargs):
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
     try:
-        avals, structure, node_signature, template = _infer(func, template, tensors, signature)
+        avals, structure, node_signature, template, layouts = _infer(func, template, tensors, signature)
     except NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
@@ -329,17 +340,33 @@ def _record(func, args, kwargs):
     source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
-    if info.view_copy and torch.is_inference_mode_enabled() and not tensors[0].is_inference():
+    # a view's storage offset is its input's plus what the view adds (the meta input had none)
+    offset = _view_offset(func, tensors[0], template) if info.view is not None else 0
+    if info.view is not None and torch.is_inference_mode_enabled() and not tensors[0].is_inference():
         # In inference mode a view of a normal tensor is a normal tensor (eager
         # torch). Functionalization gives the view's wrapper the inner value's
         # inference-ness, then the base's version counter, which torch refuses
         # for an inference tensor ("Cannot set version_counter for inference
         # tensor": every view failed under torch.inference_mode, as in torch_xla).
         with torch._C._InferenceMode(False):
-            outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+            outputs = _outputs(node, avals, layouts, offset)
     else:
-        outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
+        outputs = _outputs(node, avals, layouts, offset)
     return structure(outputs) if structure is not None else outputs[0]
+
+
+def _outputs(node, avals, layouts, offset):
+    return [None if aval is None else new_tensor(aval, node, i, layout=(layout[0], layout[1] + offset))
+            for i, (aval, layout) in enumerate(zip(avals, layouts))]
+
+
+def _view_offset(func, base, template) -> int:
+    """The storage offset a view adds to: its input's; as_strided's explicit offset is absolute."""
+    if func is aten.as_strided_copy.default:
+        args, kwargs = template
+        if (args[3] if len(args) > 3 else dict(kwargs).get("storage_offset")) is not None:
+            return 0
+    return base.storage_offset()
 
 
 # -- eager fallback -----------------------------------------------------------
@@ -400,24 +427,40 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
 
 
 def _copy(dst, src, non_blocking=False):
+    """src's value in dst's place: cast, broadcast, and laid out as dst (copy_ keeps dst's strides)."""
     if not isinstance(src, LazyTensor):
         transfer.require_dense(src)
-        return from_host(src.to(dtype=dst.dtype).expand(dst.shape))
+        src = from_host(src.to(dtype=dst.dtype).expand(dst.shape))
     if src.dtype != dst.dtype:
         src = _record(aten._to_copy.default, (src,), {"dtype": dst.dtype})
     if tuple(src.shape) != tuple(dst.shape):
         src = _record(aten.expand_copy.default, (src, list(dst.shape)), {})
-    return alias(src)
+    return LazyTensor(src._state, (dst.stride(), dst.storage_offset()))
 
 
 def alias(x, *_, **__):
     """A new tensor sharing x's value (values are immutable): no node, no copy."""
-    return LazyTensor(x._state)
+    return LazyTensor(x._state, (x.stride(), x.storage_offset()))
+
+
+def _clone(x, **kwargs):
+    """x's value (values are immutable), with the strides eager's clone gives it."""
+    return LazyTensor(x._state, _layout(aten.clone.default, (x,), kwargs))
+
+
+def _layout(func, args, kwargs):
+    """(strides, storage offset) of func's first output in eager torch, from the shape memo."""
+    info = op_info(func)
+    template, tensors, signature = _split(func, info, args, kwargs)
+    strides, offset = _infer(func, template, tensors, signature)[4][0]
+    return strides, offset + (_view_offset(func, tensors[0], template) if info.view is not None else 0)
 
 
 def _slice_copy(*args, **kwargs):
     piece = _slice_of_cat(*args, **kwargs)
-    return piece if piece is not None else _record(aten.slice_copy.Tensor, args, kwargs)
+    if piece is None:
+        return _record(aten.slice_copy.Tensor, args, kwargs)
+    return LazyTensor(piece._state, _layout(aten.slice_copy.Tensor, args, kwargs))
 
 
 def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
@@ -466,7 +509,7 @@ _SPECIAL = {ops.key(op): handler for op, handler in {
     aten.detach_copy.default: alias,
     aten.alias_copy.default: alias,
     aten.lift_fresh.default: alias,
-    aten.clone.default: alias,
+    aten.clone.default: _clone,
     aten._local_scalar_dense.default: _local_scalar_dense,
     aten.slice_copy.Tensor: _slice_copy,
 }.items()}

@@ -21,6 +21,10 @@ from .ir import Aval, DeviceData, Node
 DEVICE = torch.device("lazy", 0)
 
 
+# (strides, storage offset) of a tensor, as eager torch would give it
+Layout = tuple
+
+
 def _no_dispatcher(func, args, kwargs):
     raise RuntimeError("xlakit internal error: xlakit.frontend was not imported")
 
@@ -38,8 +42,17 @@ class LazyTensor(torch.Tensor):
     """A torch tensor on the lazy device; its value is kept by the engine."""
 
     @staticmethod
-    def __new__(cls, state: LiveValue):
-        t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
+    def __new__(cls, state: LiveValue, layout: Layout | None = None):
+        # A functional wrapper reports its inner tensor's strides and storage offset, and
+        # contiguous(), reshape() and view() decide by them whether to copy: they must be
+        # eager's (a transposed view that said it was contiguous was returned by
+        # contiguous() itself, and writes to the "copy" changed its base).
+        if layout is None:
+            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
+        else:
+            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, strides=layout[0],
+                                                    storage_offset=layout[1], dtype=state.aval.dtype,
+                                                    device=DEVICE)
         current().register(t, state)
         return t
 
@@ -62,8 +75,8 @@ class LazyTensor(torch.Tensor):
 
 
 def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
-               data: DeviceData | None = None) -> LazyTensor:
-    return LazyTensor(LiveValue(aval, node, index, data))
+               data: DeviceData | None = None, layout: Layout | None = None) -> LazyTensor:
+    return LazyTensor(LiveValue(aval, node, index, data), layout)
 
 
 # -- wrapping -----------------------------------------------------------------
@@ -113,8 +126,10 @@ def stamp_owners() -> None:
 
 
 def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
+    """The device copy keeps a dense host tensor's strides, as eager's copies between devices do."""
     aval = Aval(tuple(t.shape), t.dtype)
-    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label))
+    strides = t.stride() if t.is_contiguous() else torch.empty_like(t, device="meta").stride()
+    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label), layout=(strides, 0))
 
 
 def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:

@@ -1,0 +1,169 @@
+"""Views carry eager's layout: every view op of PyTorch's OpInfo database has eager's
+stride(), storage_offset() and is_contiguous() on xlakit, and contiguous(), reshape() and
+flatten() after it copy exactly where eager copies, so a write through the result
+changes exactly what eager's changes.
+
+Which ops are views is taken from eager itself (an output that shares its input's
+storage), not from a list of ours.
+"""
+import unittest.mock
+import warnings
+
+import pytest
+import torch
+from torch.utils._pytree import tree_flatten
+
+import xlakit
+
+pytest.importorskip("expecttest")  # torch.testing's OpInfo database needs it
+
+SAMPLES_PER_OP = 2
+AFTER = {"view itself": lambda t: t, "contiguous": torch.Tensor.contiguous,
+         "reshape": lambda t: t.reshape(-1), "flatten": torch.Tensor.flatten}
+
+
+def _views(out, inp):
+    """The outputs of an op that are views of its input, in output order."""
+    storage = inp.untyped_storage().data_ptr()
+    return [o for o in tree_flatten(out)[0]
+            if isinstance(o, torch.Tensor) and o.numel() and o._is_view()
+            and o.untyped_storage().data_ptr() == storage]
+
+
+def _overlaps(t) -> bool:
+    """Whether two elements of t are one memory location (an expand, an unfold with step < size)."""
+    span = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    where = torch.arange(span).as_strided(t.shape, t.stride(), t.storage_offset())
+    return where.unique().numel() != t.numel()
+
+
+def _close(got, want) -> bool:
+    # XLA fuses the write's multiply and add: a last-place difference is no aliasing difference
+    return torch.allclose(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def _layout(t):
+    return tuple(t.shape), t.stride(), t.storage_offset(), t.is_contiguous()
+
+
+def _view_samples():
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    for op in op_db:
+        if torch.float32 not in op.supported_dtypes("cpu") or "empty" in op.name:
+            continue
+        try:
+            samples = list(op.sample_inputs("cpu", torch.float32))[:SAMPLES_PER_OP]
+        except Exception:  # noqa: BLE001 - an op without CPU samples has nothing to compare
+            continue
+        for sample in samples:
+            if not isinstance(sample.input, torch.Tensor):
+                continue
+            inp = sample.input.to("cpu", copy=True)  # a device copy keeps a dense layout: so does this
+            try:
+                views = _views(op(inp, *sample.args, **sample.kwargs), inp)
+            except Exception:  # noqa: BLE001 - eager rejects this sample
+                continue
+            if views:
+                yield op, sample
+
+
+def _run(op, sample, device, after, write: bool):
+    """(base, view's layout, result's layout, result) after `after` of op's first view, and a write to it."""
+    inp = sample.input.to("cpu", copy=True).to(device)
+    args = [_move(a, device) for a in sample.args]
+    kwargs = {k: _move(v, device) for k, v in sample.kwargs.items()}
+    view = _views(op(inp, *args, **kwargs), inp)[0] if device == "cpu" else \
+        _first_view_like(op(inp, *args, **kwargs))
+    result = after(view)
+    layouts = _layout(view), _layout(result)
+    if write:
+        result.mul_(-3).add_(7)
+    return inp.cpu(), *layouts, result.cpu()
+
+
+def _move(value, device):
+    # index arguments stay on the CPU (tensor_split requires its indices there)
+    return value.to(device) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def _first_view_like(out):
+    # the lazy outputs are matched to eager's by position: the first tensor output that is a view
+    tensors = [o for o in tree_flatten(out)[0] if isinstance(o, torch.Tensor) and o.numel()]
+    return next(t for t in tensors if t._is_view())
+
+
+def test_every_opinfo_view_has_eagers_layout_and_aliasing(dev):
+    import torch._lazy
+
+    checked, wrong = set(), []
+    # OpInfo's seeding wrapper (dropout) ends with a step marker on "lazy" devices: xlakit's
+    with warnings.catch_warnings(), unittest.mock.patch.object(torch._lazy, "mark_step", xlakit.mark_step):
+        warnings.simplefilter("ignore")
+        for op, sample in _view_samples():
+            for name, after in AFTER.items():
+                want_base, want_view, want_layout, want = _run(op, sample, "cpu", after, write=False)
+                # write only where eager's write is defined: no two elements in one location
+                write = not _overlaps(_eager_result(op, sample, after))
+                if write:
+                    want_base, want_view, want_layout, want = _run(op, sample, "cpu", after, write=True)
+                checked.add(op.name)
+                where = f"{op.name}{tuple(sample.input.shape)} then {name}"
+                try:
+                    got_base, got_view, got_layout, got = _run(op, sample, dev, after, write=write)
+                except Exception as e:  # noqa: BLE001 - reported with the others
+                    wrong.append(f"{where}: {type(e).__name__}: {e}")
+                    continue
+                if got_view != want_view:
+                    wrong.append(f"{where}: view (shape, stride, offset, contiguous) {got_view}, eager {want_view}")
+                elif got_layout != want_layout:
+                    wrong.append(f"{where}: result {got_layout}, eager {want_layout}")
+                elif not (_close(got_base, want_base) and _close(got, want)):
+                    wrong.append(f"{where}: after a write to the result, the base differs from eager's by up to "
+                                 f"{(got_base - want_base).abs().max().item()}")
+    assert len(checked) >= 40, sorted(checked)  # the sweep found PyTorch's view ops
+    assert not wrong, "\n".join(wrong)
+
+
+def _eager_result(op, sample, after):
+    inp = sample.input.to("cpu", copy=True)
+    return after(_views(op(inp, *sample.args, **sample.kwargs), inp)[0])
+
+
+MOVES = {
+    "t().contiguous()": lambda a: a.t().contiguous(),
+    "t().reshape(-1)": lambda a: a.t().reshape(-1),
+    "t().flatten()": lambda a: a.t().flatten(),
+    "t().ravel()": lambda a: a.t().ravel(),
+    "t().reshape_as": lambda a: a.t().reshape_as(torch.empty(12)),
+    "mT.reshape": lambda a: a.mT.reshape(12),
+    "[:, ::2].reshape": lambda a: a[:, ::2].reshape(-1),
+    "narrow().reshape": lambda a: a.narrow(1, 1, 2).reshape(-1),
+    "expand().reshape": lambda a: a[:1].expand(3, 4).reshape(-1),
+    "clone()": lambda a: a.t().clone(),
+    "clone(contiguous_format)": lambda a: a.t().clone(memory_format=torch.contiguous_format),
+    "view(-1) of a contiguous": lambda a: a.view(-1),
+    "[1].reshape": lambda a: a[1].reshape(2, 2),
+}
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_copy_made_from_a_view_is_a_copy_as_in_eager(dev, move):
+    # issue #24's class 1: x.t() said it was contiguous, so contiguous() and reshape() returned views
+    results = {}
+    for device in ("cpu", dev):
+        a = torch.arange(12.).view(3, 4).to(device)
+        y = MOVES[move](a)
+        layout = y.stride(), y.storage_offset(), y.is_contiguous()
+        a.mul_(10)  # changes y only where y is a view
+        y.add_(1)   # changes a only where y is a view
+        results[device] = (layout, a.cpu(), y.cpu())
+    (want_layout, want_a, want_y), (got_layout, got_a, got_y) = results["cpu"], results[dev]
+    assert got_layout == want_layout
+    assert torch.equal(got_a, want_a) and torch.equal(got_y, want_y)
+
+
+def test_a_transposed_host_tensor_keeps_its_strides_on_the_device(dev):
+    x = torch.arange(6.).view(2, 3).t()
+    assert x.to(dev).stride() == x.to("cpu", copy=True).stride() == (1, 3)
+    assert x.to(dev).contiguous().stride() == (2, 1)
