@@ -162,8 +162,3 @@ def test_a_copy_made_from_a_view_is_a_copy_as_in_eager(dev, move):
     assert got_layout == want_layout
     assert torch.equal(got_a, want_a) and torch.equal(got_y, want_y)
 
-
-def test_a_transposed_host_tensor_keeps_its_strides_on_the_device(dev):
-    x = torch.arange(6.).view(2, 3).t()
-    assert x.to(dev).stride() == x.to("cpu", copy=True).stride() == (1, 3)
-    assert x.to(dev).contiguous().stride() == (2, 1)
