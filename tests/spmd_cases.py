@@ -377,3 +377,29 @@ def mlp_for_torch_xla() -> dict:
     specs["x"] = records[-1].shardings.inputs[[p.aval for p in records[-1].graph.params].index("f32[8,16]")].spec
     return {"losses": losses, "params": {n: p.detach().cpu().tolist() for n, p in model.named_parameters()},
             "compiles": sum(r.cache != "hit" for r in records), "shards": shards, "specs": specs}
+
+
+def bad_sharding_specs() -> dict:
+    """Specs torch_xla refuses, each a clear error naming the tensor and line; the forms
+    it accepts lay the tensor out as eager's values; the session goes on."""
+    dev = _dev()
+    mesh = xlakit.Mesh((2, 4), ("data", "model"))
+    host = torch.arange(64.0).reshape(8, 8)
+    t = host.to(dev)
+    errors = {}
+    for name, spec, tensor in [("repeated in one entry", (("data", "data"), None), t),
+                               ("a bare string", "data", host.reshape(8, 2, 2, 2).to(dev)),
+                               ("a bool entry", (True, None), t),
+                               ("a bool inside an entry", (("data", False), None), t),
+                               ("a bool spec", True, t),
+                               ("None inside an entry", ((None, "data"), None), t),
+                               ("an axis past the mesh", (2, None), t)]:
+        try:
+            xlakit.mark_sharding(tensor, mesh, spec)
+        except ValueError as e:
+            errors[name] = str(e)
+    for spec in [(("data", "model"), None), [0, 1], ((1,), "data"), (None, None)]:
+        u = xlakit.mark_sharding(host.to(dev) * 2, mesh, spec)
+        torch.testing.assert_close(u.cpu(), host * 2)
+    torch.testing.assert_close((t + 1).cpu(), host + 1)
+    return errors

@@ -153,7 +153,7 @@ def test_persistent_cache_hits_in_a_new_process(tmp_path):
     assert first[0] == "miss" and second[0] == "persistent_hit"
     assert first[1] == second[1], "keys must be stable across processes and hash seeds"
     assert first[2] == second[2]
-    assert (cache_dir.stat().st_mode & 0o777) == 0o700
+    assert (xlakit.cache.private_dir(str(cache_dir)).stat().st_mode & 0o777) == 0o700
 
 
 def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):
@@ -301,7 +301,7 @@ def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(tmp_path):
     assert "miss" in [cache for cache, _ in first["records"]]
     assert {cache for cache, _ in second["records"]} <= {"persistent_hit", "hit"}
     assert all(lower == 0.0 for _, lower in second["records"])
-    assert list((tmp_path / "cache" / "xlakit-executables").glob("*.pickle"))
+    assert list((xlakit.cache.private_dir(str(tmp_path / "cache")) / "xlakit-executables").glob("*.pickle"))
 
 
 def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
@@ -328,7 +328,7 @@ def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(tmp_pat
         return json.loads(done.stdout)
 
     run()
-    for stored in (cache / "xlakit-executables").glob("*.pickle"):
+    for stored in (xlakit.cache.private_dir(str(cache)) / "xlakit-executables").glob("*.pickle"):
         stored.unlink()
     assert run()["same_as_eager"]  # served by JAX's cache
     last = run()

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -240,3 +241,20 @@ def test_device_grid_of_a_split_over_two_axes():
         (0, 2 * m + d): [4 * d + m] for d in range(2) for m in range(4)}
     assert sharding_view.blocks(mesh, ((), ())) == {(0, 0): list(range(8))}
     assert sharding_view.pieces(mesh, (("data",), ("model",))) == (2, 4)
+
+
+def test_bad_sharding_specs_are_clear_errors(case):
+    errors = case("bad_sharding_specs")
+    line = r"\(the tensor f32\[8, ?8\], at spmd_cases\.py:\d+\)$"
+    assert set(errors) == {"repeated in one entry", "a bare string", "a bool entry", "a bool inside an entry",
+                           "a bool spec", "None inside an entry", "an axis past the mesh"}
+    assert re.search(r"mesh axis \['data'\] used twice in \(\('data', 'data'\), None\).*" + line,
+                     errors["repeated in one entry"])
+    assert re.search(r"the spec 'data' is not a tuple of one entry per dim: write \('data',\) ",
+                     errors["a bare string"])
+    assert re.search(r"True is not an axis of the mesh \('data', 'model'\) \(in the spec \(True, None\)\).*" + line,
+                     errors["a bool entry"])
+    assert "False is not an axis" in errors["a bool inside an entry"]
+    assert "the spec True is not a tuple" in errors["a bool spec"]
+    assert "None is not an axis" in errors["None inside an entry"]
+    assert re.search(r"2 is not an axis of .* \(in the spec \(2, None\)\).*its index \(0 to 1\)", errors["an axis past the mesh"])

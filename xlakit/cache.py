@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 import os
 import pickle
+import stat
 import tempfile
 import threading
 import warnings
@@ -72,7 +73,7 @@ def default_cache_dir() -> str | None:
     if configured is not None:
         return configured or None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xlakit", "jax")
+    return os.path.join(base, "xlakit")
 
 
 _EXECUTABLES: Path | None = None   # where xlakit's executables are kept; None: not on disk
@@ -120,17 +121,35 @@ def store(entry: Entry) -> None:
                       "a later process will compile it again.", stacklevel=2)
 
 
+def private_dir(path: str) -> Path:
+    """xlakit's own directory in the cache dir `path`, one per user."""
+    return Path(path) / f"xlakit-{os.getuid()}"
+
+
+def _make_private(path: str) -> Path:
+    """`path` as it is (made like any directory if missing), and in it xlakit's own
+    directory, writable by this user alone: `path` may be /tmp or a team's, and what
+    xlakit loads from the cache (pickles, executables) runs as this user's code."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    own = private_dir(path)
+    own.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(own)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{own} exists and is not a directory of this user's")
+    os.chmod(own, 0o700)
+    return own
+
+
 def enable_persistent_cache(path: str | None) -> str | None:
-    """Point JAX's persistent compilation cache, and xlakit's executables, at `path`
-    (private to the user)."""
+    """Point JAX's persistent compilation cache, and xlakit's executables, at a
+    directory of xlakit's own in `path`, private to the user."""
     global _EXECUTABLES
     _EXECUTABLES = None
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     try:
-        Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(path, 0o700)
+        own = _make_private(path)
     except OSError as e:
         warnings.warn(f"xlakit: cannot use {path!r} as the compilation cache ({e}); compiling without "
                       "a disk cache. Set XLAKIT_CACHE_DIR to a writable directory, or empty to silence this.",
@@ -138,8 +157,8 @@ def enable_persistent_cache(path: str | None) -> str | None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
     jax.config.update("jax_enable_compilation_cache", True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    executables = Path(path) / "xlakit-executables"
+    jax.config.update("jax_compilation_cache_dir", str(own))
+    executables = own / "xlakit-executables"
     try:
         executables.mkdir(mode=0o700, exist_ok=True)
         _EXECUTABLES = executables

@@ -65,31 +65,41 @@ class Mesh:
     def sharding(self, spec: Sequence, shape: Sequence[int]) -> NamedSharding:
         """The NamedSharding of a tensor of `shape` split as `spec`: one entry per
         dim, a mesh axis name (or index, as in torch_xla), a tuple of them, or None
-        (whole along that dim)."""
+        (whole along that dim); each mesh axis at most once in the spec."""
+        if isinstance(spec, str) or not isinstance(spec, (tuple, list)):
+            hint = (f"write ({spec!r},) to split dim 0 over it" if isinstance(spec, str)
+                    else "write one entry per dim, e.g. ('data', None)")
+            raise ValueError(f"xlakit.mark_sharding: the spec {spec!r} is not a tuple of one entry per dim: {hint}")
         spec = tuple(spec)
         if len(spec) != len(shape):
             raise ValueError(f"xlakit.mark_sharding: the spec {spec} has {len(spec)} entries for a tensor of "
                              f"{len(shape)} dims {tuple(shape)}: give one per dim (None = not split)")
-        used, entries = set(), []
-        for dim, (entry, size) in enumerate(zip(spec, shape)):
-            names = () if entry is None else tuple(self._axis(a) for a in
-                                                   (entry if isinstance(entry, (tuple, list)) else (entry,)))
-            if used & set(names):
-                raise ValueError(f"xlakit.mark_sharding: mesh axis {sorted(used & set(names))} used twice in {spec}")
-            used.update(names)
-            pieces = math.prod(dict(zip(self.axis_names, self.shape))[n] for n in names)
+        names = [() if entry is None else tuple(self._axis(a, spec) for a in
+                                                (entry if isinstance(entry, (tuple, list)) else (entry,)))
+                 for entry in spec]
+        every = [n for dim in names for n in dim]
+        twice = sorted({n for n in every if every.count(n) > 1})
+        if twice:
+            raise ValueError(f"xlakit.mark_sharding: mesh axis {twice} used twice in {spec}: a mesh axis splits "
+                             "one dim, once; name each axis in one entry only")
+        sizes = dict(zip(self.axis_names, self.shape))
+        for dim, (axes, size) in enumerate(zip(names, shape)):
+            pieces = math.prod(sizes[n] for n in axes)
             if size % pieces:
                 raise ValueError(f"xlakit.mark_sharding: dim {dim} of size {size} cannot be split into {pieces} "
-                                 f"equal pieces over {names}; pad it or split another dim")
-            entries.append(None if not names else names[0] if len(names) == 1 else names)
+                                 f"equal pieces over {axes}; pad it or split another dim")
+        entries = [None if not axes else axes[0] if len(axes) == 1 else axes for axes in names]
         return NamedSharding(self.jax_mesh, PartitionSpec(*entries))
 
-    def _axis(self, axis) -> str:
-        if isinstance(axis, int) and 0 <= axis < len(self.axis_names):
+    def _axis(self, axis, spec: tuple) -> str:
+        # bool is an int to Python, never an axis (torch_xla checks `type(axis) is int`)
+        if isinstance(axis, int) and not isinstance(axis, bool) and 0 <= axis < len(self.axis_names):
             return self.axis_names[axis]
-        if axis in self.axis_names:
+        if isinstance(axis, str) and axis in self.axis_names:
             return axis
-        raise ValueError(f"xlakit.mark_sharding: {axis!r} is not an axis of the mesh {self.axis_names}")
+        raise ValueError(
+            f"xlakit.mark_sharding: {axis!r} is not an axis of the mesh {self.axis_names} (in the spec {spec}): "
+            f"write an axis name, its index (0 to {len(self.axis_names) - 1}), a tuple of them, or None")
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape))

@@ -30,7 +30,12 @@ def mark_sharding(tensor: torch.Tensor, mesh: Mesh, spec: Sequence) -> torch.Ten
     value = inner._state
     value.check_usable()
     value.resolve()
-    target = mesh.sharding(spec, value.aval.shape)
+    try:
+        target = mesh.sharding(spec, value.aval.shape)
+    except ValueError as e:
+        where = sources.user_line()
+        tensor_text = f"{value.label} {value.aval}" if value.label else str(value.aval)
+        raise ValueError(f"{e} (the tensor {tensor_text}" + (f", at {where})" if where else ")")) from None
     if value.data is not None:  # computed: lay the buffer out now (one transfer; same value)
         value.data.array = transfer.place(value.data.array, target)
         return tensor

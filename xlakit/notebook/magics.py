@@ -59,8 +59,12 @@ class XlaMagics(Magics):
         return self.shell.execution_count
 
     def _exec(self, cell: str) -> None:
-        filename = self.shell.compile.cache(cell, self._cell_number())
-        exec(self.shell.compile(cell, filename, "exec"), self.shell.user_ns)
+        # IPython's transforms (%magic, !cmd, obj?) as a plain cell gets them; they drop
+        # leading blank lines, put back so each line keeps its number in the cell
+        blank = cell[:len(cell) - len(cell.lstrip())].count("\n")
+        code = "\n" * blank + self.shell.transform_cell(cell)
+        filename = self.shell.compile.cache(code, self._cell_number())
+        exec(self.shell.compile(code, filename, "exec"), self.shell.user_ns)
 
     def _run_xlakit(self, cell: str) -> None:
         self._exec(cell)
