@@ -61,8 +61,8 @@ def last_step() -> StepRecord | None:
 def capture():
     """`with xlakit.capture() as steps: ...` -- `steps` is the list of the
     StepRecords of exactly the executions inside the block (torch_xla's
-    adapter's included), in order; it holds them also when the block raises,
-    and captures nest."""
+    adapter's included; not those other threads run meanwhile), in order;
+    it holds them also when the block raises, and captures nest."""
     return current().log.capture()
 
 

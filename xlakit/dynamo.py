@@ -2,7 +2,8 @@
 
 Each FX graph (aten-level, after AOTAutograd, so training works) is run once
 through the lazy engine. If it became exactly one executable with no eager
-fallback, later calls replay that executable directly on the input buffers;
+fallback, later calls with the same input shapes, dtypes and Python ints
+replay that executable directly on the input buffers;
 otherwise (ops with no lowering, data-dependent syncs) it is interpreted
 lazily on every call, which splits it into several executables. Each split is
 recorded with its FX node, op, reason and user source line.
@@ -18,7 +19,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from . import runtime, sources, transfer
+from . import cache, runtime, sources, transfer
 from .engine import current
 from .frontend import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 from .ir import Aval, DeviceData, Frame, Source
@@ -51,6 +52,8 @@ class CompiledGraph:
 # The lists of the `compiled_graphs()` blocks now open; nothing else keeps CompiledGraphs.
 _OPEN: list[list[CompiledGraph]] = []
 _numbers = itertools.count()
+# Replays kept per FX graph (least recently used go first); past them, a call is traced again.
+_REPLAYS_PER_GRAPH = 32
 
 
 @contextlib.contextmanager
@@ -108,18 +111,30 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
                            executables=0, splits=[], partition={}, replays=False)
     for graphs in _OPEN:
         graphs.append(record)
-    state = {"replay": None}
+    # per input signature, the replay; a graph Dynamo made dynamic takes its sizes and ints
+    # as inputs, and XLA's executables are static: each new signature is traced again
+    replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
 
     def run(*inputs):
-        if state["replay"] is not None:
-            return state["replay"](list(inputs))
+        signature = _signature(inputs)
+        replay = replays.get(signature)
+        if replay is not None:
+            return replay(list(inputs))
         outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
         if execution is not None and record.executables == 1 and not record.splits:
-            state["replay"] = _plan(*execution, placeholder_data, output_values)
-            record.replays = state["replay"] is not None
+            replay = _plan(*execution, placeholder_data, output_values)
+            record.replays = replay is not None
+            if replay is not None:
+                replays.put(signature, replay)
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _signature(inputs) -> tuple:
+    """What a replay's executable was specialized to: each tensor input's shape and
+    dtype, each other input's type and value (an int may be a size, a repeat count)."""
+    return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs)
 
 
 def _interpret(gm, inputs, record: CompiledGraph):

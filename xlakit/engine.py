@@ -120,7 +120,7 @@ class Engine:
         """The device data of a computed value; waits for executions dispatched ahead,
         so a fault shows here, as a clear error."""
         value.resolve()
-        if self.in_flight or self.ledger.steps:
+        if self.in_flight or self.ledger.unread():
             self.wait()
         value.check_usable()
         if value.data is None:
@@ -155,6 +155,8 @@ class Engine:
                 t.resolve()
             targets = live if full else tensors
             if not full:
+                if self.ledger.failure is not None:  # before the poisoned values it explains
+                    self._verify()
                 for t in targets:
                     t.check_usable()
                     t.resolve()
@@ -209,7 +211,7 @@ class Engine:
         if pending:
             self._compute(list(pending.values()), live, full=False, trigger="fallback",
                           source=sources.fallback_line(node.source, node.op))
-        if self.ledger.steps:  # its operands' checks first
+        if self.ledger.unread():  # its operands' checks first
             self.wait()
         host = []
         for operand in node.operands:
@@ -266,6 +268,8 @@ class Engine:
                                             execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
             self._verify()
+        else:
+            self.ledger.read_oldest(self.live_values)
         return entry, graph
 
     def _executable(self, graph: Graph, donors, key: keys.Key, flags, placement):
@@ -406,7 +410,7 @@ class Engine:
             raise _execution_error(e, graph) from e
 
     def _verify(self) -> None:
-        if self.ledger.steps:
+        if self.ledger.unread():
             error = self.ledger.verify(self.live_values)
             if error is not None:
                 raise error

@@ -5,6 +5,7 @@ import collections
 import contextlib
 import dataclasses
 import enum
+import threading
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
@@ -380,13 +381,14 @@ class StepLog:
 
     Keeps the newest `config.record_limit` records (a long training run must not
     grow memory without bound). `capture()` gives exactly the records appended
-    while it is open, however many the bound drops meanwhile.
+    while it is open, however many the bound drops meanwhile, by its own thread:
+    a sync another thread runs meanwhile is not the block's.
     """
 
     def __init__(self):
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
         self.next_index = 0                     # the index the next record takes
-        self._open: list[list[StepRecord]] = []  # the lists of the captures now open
+        self._threads = threading.local()       # .open: the lists of this thread's captures now open
 
     def append(self, record: StepRecord) -> None:
         if record.index != self.next_index:
@@ -395,7 +397,7 @@ class StepLog:
             self.records = collections.deque(self.records, maxlen=config.record_limit)
         self.records.append(record)
         self.next_index += 1
-        for steps in self._open:
+        for steps in self._open():
             steps.append(record)
 
     def clear(self) -> None:
@@ -405,10 +407,16 @@ class StepLog:
     @contextlib.contextmanager
     def capture(self):
         """`with log.capture() as steps:` -- `steps` is a list that receives every
-        record appended until the block ends (also when it raises); captures nest."""
+        record this thread appends until the block ends (also when it raises); captures nest."""
         steps: list[StepRecord] = []
-        self._open.append(steps)
+        open_ = self._open()
+        open_.append(steps)
         try:
             yield steps
         finally:
-            del self._open[next(i for i, s in enumerate(self._open) if s is steps)]
+            del open_[next(i for i, s in enumerate(open_) if s is steps)]
+
+    def _open(self) -> list[list[StepRecord]]:
+        if not hasattr(self._threads, "open"):
+            self._threads.open = []
+        return self._threads.open

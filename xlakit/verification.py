@@ -5,7 +5,11 @@ the execution when config.wait_for_execution is set, otherwise at the next
 read of a value or xlakit.wait(), so that tracing the next step still overlaps
 this one. Until then the outputs that depend on a check are *waiting*; a later
 step that reads one makes its own outputs that depend on it wait on the same
-step (no sync for that either).
+step (no sync for that either). Past UNREAD_LIMIT unread steps (a loop that
+never reads), the older half's checks are read then, which waits for those
+steps only: a passed step is forgotten; a failed one has every step read and
+what depends on it poisoned there, and its exception is raised at the next
+read, where it would have been.
 
 When a check failed, every value that depends on it is poisoned with eager's
 exception (reading it raises), and the rest of the step stands, as when a
@@ -29,6 +33,9 @@ from . import sources
 from .checks import StepChecks
 from .ir import DeviceData, Graph, computed_output
 
+# Steps whose checks may stay unread (each holds its graph, ~50 KB).
+UNREAD_LIMIT = 64
+
 
 class Step:
     """One executed step whose check flags are not read yet. `nodes`: its
@@ -39,15 +46,22 @@ class Step:
         self.failed = 0                   # after read(): the bit mask of the checks that failed
         self.errors: dict[int, Exception] = {}   # eager's exception per failed check
 
+    @property
+    def unread(self) -> bool:
+        return self.flags is not None
+
     def read(self) -> Exception | None:
-        """Read the flags (the one read of the step's checks); eager's exception
+        """Read the flags (once; later calls repeat the outcome); eager's exception
         for the first failed check, or None."""
-        rows = np.asarray(self.flags)
-        for k in np.flatnonzero(rows[:, 0] == 0).tolist():
-            check = self.checks[k]
-            node = self.nodes[check.node]
-            self.errors[k] = check.exception(int(rows[k, 1]), node.op, sources.describe(node.source))
-            self.failed |= 1 << k
+        if self.unread:
+            rows, self.flags = np.asarray(self.flags), None
+            for k in np.flatnonzero(rows[:, 0] == 0).tolist():
+                check = self.checks[k]
+                node = self.nodes[check.node]
+                self.errors[k] = check.exception(int(rows[k, 1]), node.op, sources.describe(node.source))
+                self.failed |= 1 << k
+            if not self.failed:  # only a failed step's graph is needed (messages, poisoning)
+                self.graph = self.nodes = None
         return self.error(self.failed)
 
     def error(self, mask: int) -> Exception | None:
@@ -78,6 +92,13 @@ class Ledger:
         # per user tensor (tensor.own), the buffer of its last computed value: held weakly,
         # a buffer nothing reads any more is not kept for this
         self.latest: weakref.WeakValueDictionary[int, DeviceData] = weakref.WeakValueDictionary()
+        # the exception of a step that failed when its checks were read early (read_oldest),
+        # for the next read to raise
+        self.failure: Exception | None = None
+
+    def unread(self) -> bool:
+        """Whether the next read has checks to read or a failure to raise."""
+        return bool(self.steps) or self.failure is not None
 
     def bound(self, outputs: list[DeviceData], targets) -> list[DeviceData | None]:
         """A step's results were bound to `targets` (LiveValues): note each user
@@ -96,7 +117,7 @@ class Ledger:
         self._settle()
         if not self.waiting:
             return None
-        per_param = [self.waiting[p][1] if p in self.waiting else frozenset() for p in graph.params]
+        per_param = [_unread(self.waiting[p][1]) if p in self.waiting else frozenset() for p in graph.params]
         if not any(per_param):
             return None
         per_node = []
@@ -136,18 +157,33 @@ class Ledger:
         values (`live()` lists them) that depend on a failed one. Returns the
         first failure's exception."""
         steps, self.steps = self.steps, []
-        first = None
+        first, self.failure = self.failure, None
         for step in steps:
             error = step.read()
             first = first or error
         try:
-            if first is not None:
+            if any(step.failed for step in steps):
                 self._settle()
                 self._poison(steps, live())
         finally:
             self.waiting.clear()   # every step is read now
             self._added.clear()
         return first
+
+    def read_oldest(self, live) -> None:
+        """Past UNREAD_LIMIT unread steps, read the older half's checks (module docstring)."""
+        if len(self.steps) <= UNREAD_LIMIT:
+            return
+        oldest, self.steps = self.steps[:UNREAD_LIMIT // 2], self.steps[UNREAD_LIMIT // 2:]
+        for step in oldest:
+            if step.read() is not None:
+                self.steps[:0] = oldest   # verify reads the rest and poisons
+                self.failure = self.verify(live)
+                return
+        self._settle()
+        for data, (waits, *_) in list(self.waiting.items()):
+            if not _unread(waits):   # its value is checked now
+                del self.waiting[data]
 
     def _poison(self, steps: list[Step], live) -> None:
         order = {step: i for i, step in enumerate(steps)}
@@ -177,6 +213,11 @@ class Ledger:
                 error = _reads(value.node, bad)
                 if error is not None:
                     value.fail(error)
+
+
+def _unread(waits: frozenset) -> frozenset:
+    """The (step, mask) pairs of steps whose checks are not read yet (a read one passed)."""
+    return frozenset(pair for pair in waits if pair[0].unread)
 
 
 def _updated_after(node, previous: DeviceData, first: int) -> bool:

@@ -1,0 +1,65 @@
+"""Session state shared across calls: per-thread captures, the bound on unread checks."""
+import threading
+
+import pytest
+import torch
+from conftest import assert_same
+
+import xlakit
+from xlakit.engine import current
+from xlakit.verification import UNREAD_LIMIT
+
+
+def test_capture_collects_only_its_own_threads_steps(dev):
+    barrier = threading.Barrier(2, timeout=60)
+    captured, errors = {}, []
+
+    def worker(name, scale):
+        try:
+            x = torch.full((3,), float(scale)).to(dev)
+            with xlakit.capture() as steps:
+                barrier.wait()                   # both captures are open
+                for _ in range(scale):
+                    x = x + 1
+                    (x * 2).sum().item()
+                barrier.wait()                   # both threads' syncs ran while both were open
+                with xlakit.capture() as inner:  # nesting still works per thread
+                    x.sum().item()
+            captured[name] = (steps, inner)
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(name, n)) for name, n in (("a", 2), ("b", 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    (a, a_inner), (b, b_inner) = captured["a"], captured["b"]
+    assert [r.trigger for r in a] == ["item"] * 3 and [r.trigger for r in b] == ["item"] * 4
+    assert not {r.index for r in a} & {r.index for r in b}
+    assert a_inner == a[-1:] and b_inner == b[-1:]
+
+
+@pytest.mark.parametrize("bad_at", [0, 100])
+def test_unread_checks_stay_bounded_and_an_early_bad_index_still_raises(dev, monkeypatch, bad_at):
+    monkeypatch.setattr(xlakit.config, "wait_for_execution", False)
+    ledger = current().ledger
+    table = torch.arange(5.0).to(dev)
+    good, wrong = torch.tensor([1]).to(dev), torch.tensor([7]).to(dev)
+    total, totals, most = torch.zeros(()).to(dev), [], (0, 0)
+    for step in range(300):   # each step has a check (the gather's index); none is read, all are kept
+        if step == bad_at:
+            bad = table[wrong] * 2   # this step's check fails
+        total = total + table[good].sum()
+        totals.append(total)
+        xlakit.mark_step()
+        most = max(most[0], len(ledger.steps)), max(most[1], len(ledger.waiting))
+    assert most[0] <= UNREAD_LIMIT and most[1] <= 2 * UNREAD_LIMIT, most
+    # read early (past UNREAD_LIMIT), the failed check is raised at the next read
+    with pytest.raises(IndexError, match="^index 7 is out of bounds for dimension 0 with size 5"):
+        bad.cpu()
+    with pytest.raises(IndexError, match="could not be computed"):
+        bad.cpu()
+    assert_same(total, torch.tensor(300.0))
+    assert_same(totals[bad_at], torch.tensor(bad_at + 1.0))
