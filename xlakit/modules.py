@@ -25,9 +25,12 @@ def _rebase_grad(param: torch.Tensor) -> None:
     Linear weight). Functionalization then keeps the view's base alive, and
     every step marker would compute and store both, with physical transposes
     (measured: 4x the execution time of an MLP's AdamW step). A clone is a new
-    tensor with the same value: no device copy, and no base to keep."""
-    with torch.no_grad():
-        param.grad = param.grad.clone()
+    tensor with the same value: no device copy, and no base to keep. Only a
+    view is replaced: later backwards accumulate into `.grad` in place, and a
+    `.grad` the user holds must stay the parameter's (as in eager torch)."""
+    if not torch._is_functional_tensor_base(param.grad):
+        with torch.no_grad():
+            param.grad = param.grad.clone()
 
 
 def _on_first_forward(module: torch.nn.Module, args) -> None:
