@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
+from torch.nn.utils import clip_grad
 
 import xlakit
 from conftest import assert_same
@@ -150,3 +151,50 @@ def test_torch_save_of_tensors_views_and_pending_work_never_donates(dev, tmp_pat
     xlakit.mark_step()  # nothing the saves computed was donated: later reads are right
     assert_same(t, base + 1)
     assert_same(reads_old, base * 2)
+
+
+# -- moves users make -------------------------------------------------------------------
+def test_a_parameter_moved_by_data_is_a_parameter_on_the_device_that_trains(dev):
+    def train(device):
+        torch.manual_seed(0)
+        p = nn.Parameter(torch.randn(3))
+        p.note = "kept"
+        p.data = p.data.to(device)
+        assert isinstance(p, nn.Parameter) and p.device == torch.device(device) and p.note == "kept"
+        opt = torch.optim.SGD([p], lr=0.1, momentum=0.9)
+        for _ in range(3):
+            opt.zero_grad()
+            (p * p).sum().backward()
+            opt.step()
+        return p.detach()
+
+    assert_same(train(dev), train("cpu"))
+
+
+def test_a_parameter_that_cannot_move_by_data_says_what_to_do(dev):
+    m = nn.Linear(2, 2).to(dev)
+    m(torch.ones(1, 2, device=dev)).sum().backward()  # xlakit now names (weakly references) its parameters
+    with pytest.raises(RuntimeError, match=r"Move its module instead"):
+        m.weight.data = m.weight.data.cpu()
+    assert_same(m(torch.ones(1, 2, device=dev)), m.cpu()(torch.ones(1, 2)))  # the session keeps working
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_gradient_clipping_with_foreach_equals_eager(dev, clip):
+    def clipped(device):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(device)
+        (model(torch.randn(5, 4).to(device)) * 10).sum().backward()
+        # torch's own functions: importing torch_xla (conftest) replaces nn.utils.clip_grad_norm_
+        # with one that refuses foreach=True on every device
+        if clip == "norm":
+            norm = clip_grad.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        else:
+            norm = clip_grad.clip_grad_value_(model.parameters(), 0.1, foreach=True)
+        return norm, [p.grad for p in model.parameters()]
+
+    (got_norm, got), (want_norm, want) = clipped(dev), clipped("cpu")
+    if clip == "norm":
+        assert_same(got_norm, want_norm, rtol=1e-5, atol=1e-6)
+    for g, w in zip(got, want):
+        assert_same(g, w, rtol=1e-5, atol=1e-6)
