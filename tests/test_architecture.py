@@ -19,7 +19,7 @@ LAYERS = [
     {"engine"},
     {"tensor"},
     {"frontend"},
-    {"functionalization", "labels", "device_module", "spmd"},
+    {"functionalization", "labels", "device_module", "spmd", "serialization"},
     {"modules", "amp"},
     {"runtime"},
     {"api", "dynamo", "torch_xla"},

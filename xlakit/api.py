@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._pytree import tree_leaves, tree_map_only
 
 from . import runtime
 from .engine import current
-from .frontend import DEVICE, unwrap
+from .frontend import DEVICE
 from .record import StepRecord
 from .sources import user_line
+from .tensor import lazy_values
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
            "reset_metrics", "clear_cache"]
@@ -31,7 +31,7 @@ def sync(tensors=None) -> None:
     if tensors is None:
         current().sync(trigger="sync", source=user_line())
     else:
-        current().sync(_lazy_tensors(tensors), trigger="sync", source=user_line())
+        current().sync(lazy_values(tensors), trigger="sync", source=user_line())
 
 
 def wait() -> None:
@@ -42,10 +42,10 @@ def wait() -> None:
 
 
 def save(obj, path) -> None:
-    """Like torch.save, with CPU copies; a partial sync that never donates."""
-    lazy = _lazy_tensors(obj)
-    current().sync(lazy, trigger="save", source=user_line())
-    torch.save(_to_cpu(obj), path)
+    """torch.save: lazy tensors are written as CPU tensors, computed in one
+    partial sync that never donates (xlakit/serialization.py)."""
+    device()
+    torch.save(obj, path)
 
 
 def steps() -> list[StepRecord]:
@@ -79,15 +79,3 @@ def clear_cache() -> None:
     """Forget the in-memory executables (the disk cache stays): the next step of
     each graph compiles or loads from disk again."""
     current().cache.clear()
-
-
-def _is_lazy(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device.type == device().type
-
-
-def _lazy_tensors(obj) -> list:
-    return [unwrap(t)._state for t in tree_leaves(obj) if _is_lazy(t)]
-
-
-def _to_cpu(obj):
-    return tree_map_only(torch.Tensor, lambda t: t.cpu() if _is_lazy(t) else t, obj)

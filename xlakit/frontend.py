@@ -496,6 +496,21 @@ def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
     return None
 
 
+def _native_dropout(x, p, train=None):
+    """Dropout as eager CPU computes it. torch sends dropout on the lazy device
+    to native_dropout (its fused kernel, as on CUDA); on CPU it draws
+    `empty_like(x).bernoulli_(1 - p)` and divides that by 1 - p. Drawn and
+    scaled the same way on the host, the mask, its values and the generator's
+    next state are eager's for the same seed."""
+    if train is False or x.numel() == 0:
+        return alias(x), from_host(torch.ones(x.shape, dtype=torch.bool))
+    noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p)
+    if p < 1:  # p == 1 drops everything (native_dropout's scale is 0)
+        noise.div_(1 - p)
+    noise = from_host(noise)
+    return _record(aten.mul.Tensor, (x, noise), {}), _record(aten.ne.Scalar, (noise, 0), {})
+
+
 def _local_scalar_dense(x):
     return to_host(x, trigger="item").item()
 
@@ -511,6 +526,7 @@ _SPECIAL = {ops.key(op): handler for op, handler in {
     aten.lift_fresh.default: alias,
     aten.clone.default: _clone,
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.native_dropout.default: _native_dropout,
     aten.slice_copy.Tensor: _slice_copy,
 }.items()}
 if set(_SPECIAL) != ops.named(Handling.FRONTEND):

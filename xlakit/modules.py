@@ -1,7 +1,8 @@
 """What xlakit does for nn.Modules whose tensors are on the lazy device: keeps
-shared parameters and buffers shared when they move there, and, the first time
-each module runs, names their parameters and buffers (for step records) and
-keeps their gradients free of view bases."""
+shared parameters and buffers shared when they move there, moves a Parameter
+by `p.data = ...`, lets torch's gradient clipping use foreach ops there, and,
+the first time each module runs, names their parameters and buffers (for step
+records) and keeps their gradients free of view bases."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,7 @@ import warnings
 import weakref
 
 import torch
+from torch.utils import _foreach_utils
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import labels, scopes
@@ -25,9 +27,12 @@ def _rebase_grad(param: torch.Tensor) -> None:
     Linear weight). Functionalization then keeps the view's base alive, and
     every step marker would compute and store both, with physical transposes
     (measured: 4x the execution time of an MLP's AdamW step). A clone is a new
-    tensor with the same value: no device copy, and no base to keep."""
-    with torch.no_grad():
-        param.grad = param.grad.clone()
+    tensor with the same value: no device copy, and no base to keep. Only a
+    view is replaced: later backwards accumulate into `.grad` in place, and a
+    `.grad` the user holds must stay the parameter's (as in eager torch)."""
+    if not torch._is_functional_tensor_base(param.grad):
+        with torch.no_grad():
+            param.grad = param.grad.clone()
 
 
 def _on_first_forward(module: torch.nn.Module, args) -> None:
@@ -115,9 +120,44 @@ class _Moving(threading.local):
 _MOVING = _Moving()
 
 
+# -- p.data = p.data.to(device) -------------------------------------------------------
+# torch's `.data` setter (set_data) swaps the tensor's storage only between tensors
+# of one kind; a lazy tensor is a functional wrapper and a CPU tensor is not, so
+# it refused the move. The Parameter then takes the new tensor's contents instead
+# (what torch.utils.swap_tensors does for Module._apply under
+# torch.__future__.set_swap_module_params_on_conversion), keeping its identity
+# and Python attributes.
+_DATA = torch._C.TensorBase.data
+
+
+def _set_data(param: torch.Tensor, new: torch.Tensor) -> None:
+    if torch._has_compatible_shallow_copy_type(param, new) or DEVICE not in (param.device, new.device):
+        _DATA.__set__(param, new)  # torch's own move (and its own errors)
+        return
+    attributes = param.__dict__
+    try:
+        torch.utils.swap_tensors(param, torch.Tensor._make_subclass(type(param), new, param.requires_grad))
+    except RuntimeError as e:  # e.g. weak references to it (xlakit names parameters that have run)
+        raise RuntimeError(f"xlakit: `.data = ...` cannot move this {type(param).__name__} from {param.device} "
+                           f"to {new.device} ({e}). Move its module instead (module.to(...)), or make a new "
+                           "Parameter: torch.nn.Parameter(p.data.to(...)).") from e
+    param.__dict__ = attributes  # swap_tensors swaps these too; set_data keeps them
+
+
+# -- foreach on the lazy device ---------------------------------------------------------
+# The frontend runs `_foreach_*` ops (as one op per tensor in the graph), and
+# optimizers with foreach=True use them; clip_grad_norm_ and clip_grad_value_
+# ask torch's list of devices with foreach kernels first, and refused foreach=True.
+def _with_lazy(devices):
+    @functools.wraps(devices)
+    def wrapper():
+        return [*devices(), DEVICE.type]
+    return wrapper
+
+
 def install() -> None:
     """Name and rebase parameters at a module's first forward; keep shared tensors shared;
-    name each op by the module that records it."""
+    name each op by the module that records it; move Parameters by `.data`; foreach for clipping."""
     # torch.compile warns that global module hooks fire once more for its wrapper
     # module; ours is idempotent, so that is harmless.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
@@ -126,3 +166,6 @@ def install() -> None:
     current().before_step.append(scopes.forget_optimizer_steps)
     torch.nn.Module._apply = _apply(torch.nn.Module._apply)
     torch.nn.Module.load_state_dict = _load_state_dict(torch.nn.Module.load_state_dict)
+    torch.nn.Parameter.data = property(_DATA.__get__, _set_data, doc=_DATA.__doc__)
+    _foreach_utils._get_foreach_kernels_supported_devices = _with_lazy(
+        _foreach_utils._get_foreach_kernels_supported_devices)

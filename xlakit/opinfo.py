@@ -5,7 +5,7 @@ coverage report; tests/test_opinfo.py runs a bounded subset in CI. An op is
 "pass" (every sample equals eager), "fallback" (it ran eagerly on CPU, so it is
 correct by construction), "error" (a clear exception) or "mismatch" (silently
 wrong: the category that must stay empty). Where eager's own answer is one of
-several right ones (singular vector signs, dropout masks) or depends on storage
+several right ones (singular vector signs) or depends on storage
 a lazy tensor does not have, the comparison says so in the outcome's reason.
 """
 from __future__ import annotations
@@ -34,12 +34,6 @@ _SVD_LIKE = {"svd": "V", "svd_lowrank": "V", "pca_lowrank": "V", "linalg.svd": "
 # storage_offset() say so), not the storage around an OpInfo view. Eager runs
 # on the same: a contiguous copy.
 _STORAGE_OPS = {"as_strided", "as_strided_copy", "as_strided_scatter"}
-
-# Dropout inside these ops is PyTorch's decomposition (a uniform draw against
-# p), not eager CPU's kernel: a different but equally valid mask, as on CUDA.
-# dropout is checked for what any mask gives (each element 0 or x / (1 - p));
-# attention with dropout_p > 0 cannot be, and is not compared.
-_DROPOUT = {"nn.functional.dropout", "nn.functional.scaled_dot_product_attention"}
 
 # OpInfo makes these ops' index tensors on the CPU for every device (PyTorch
 # requires them there): only the input moves.
@@ -80,22 +74,6 @@ def _align_eigenvectors(got, want):
     return values, vectors * phase.unsqueeze(-2)
 
 
-def _random_mask(name, inp, args, kwargs, got) -> str | None:
-    """Why a dropout result may differ from eager's, if it is a valid draw."""
-    if name == "nn.functional.dropout":
-        p = kwargs.get("p", args[0] if args else 0.5)
-        if not (kwargs.get("training", True) and 0 < p < 1):
-            return None
-        out = got.cpu()
-        dropped, kept = out == 0, torch.isclose(out, inp / (1 - p), rtol=1e-5, atol=1e-6)
-        some_of_each = out.numel() < 16 or 0 < float(dropped.float().mean()) < 1
-        if bool((dropped | kept).all()) and some_of_each:
-            return "dropout's mask is drawn differently from eager CPU's (checked: each element 0 or x/(1-p))"
-    if name == "nn.functional.scaled_dot_product_attention" and kwargs.get("dropout_p", 0.0) > 0:
-        return "samples with dropout_p > 0 not compared (a different random mask from eager CPU's)"
-    return None
-
-
 def _close(got, want) -> bool:
     got_leaves, _ = tree_flatten(got)
     want_leaves, _ = tree_flatten(want)
@@ -126,7 +104,6 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
     if not samples:
         return "skipped", "no samples"
     fell_back = aligned = False
-    random_notes = set()
     for sample in samples:
         inp, args, kwargs = sample.input, sample.args, sample.kwargs
         if name in _STORAGE_OPS:
@@ -160,11 +137,6 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
         if not _close(got, want) and name in _EIGH_LIKE:
             got = _align_eigenvectors(got, want)
             aligned = True
-        if not _close(got, want) and name in _DROPOUT:
-            note = _random_mask(name, inp, args, kwargs, got)
-            if note is not None:
-                random_notes.add(note)
-                continue
         if not _close(got, want):
             return "mismatch", f"sample {inp.shape if isinstance(inp, torch.Tensor) else ''}"
     notes = [note for note, applies in (
@@ -172,7 +144,7 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
         ("equal once each singular pair takes eager's sign (the sign is arbitrary)", aligned and name in _SVD_LIKE),
         ("equal once each eigenvector takes eager's sign (the sign is arbitrary)", aligned and name in _EIGH_LIKE),
         ("equal on a contiguous input (lazy tensors share no storage with a base)", name in _STORAGE_OPS),
-    ) if applies] + sorted(random_notes)
+    ) if applies]
     return ("fallback" if fell_back else "pass"), "; ".join(notes)
 
 

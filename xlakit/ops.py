@@ -74,7 +74,6 @@ TABLE: dict[str, Policy] = {
     "aten::_native_batch_norm_legit_functional": Policy(H.OWN_DECOMPOSITION, _BATCH_NORM),
     "aten::_native_batch_norm_legit_no_training": Policy(H.DECOMPOSED, _BATCH_NORM),
     "aten::native_batch_norm_backward": Policy(H.DECOMPOSED, _BATCH_NORM),
-    "aten::native_dropout": Policy(H.DECOMPOSED, "random: its decomposition draws with torch's generator"),
     # -- own decompositions ------------------------------------------------------
     "aten::allclose": Policy(H.OWN_DECOMPOSITION, "returns a Python bool and its meta kernel calls .item(): "
                              "torch's isclose in lowered ops, then one read of the bool"),
@@ -100,6 +99,8 @@ TABLE: dict[str, Policy] = {
     "aten::clone.default": Policy(H.FRONTEND, _ALIAS),
     "aten::_local_scalar_dense.default": Policy(H.FRONTEND, "a read of the value: a partial sync"),
     "aten::slice_copy.Tensor": Policy(H.FRONTEND, "a slice of a pending cat is taken from the cat's input"),
+    "aten::native_dropout.default": Policy(H.FRONTEND, "eager CPU's dropout: the noise drawn and scaled on the "
+                                           "host by torch's CPU generator, then one multiply in the graph"),
 }
 
 _DEFAULT = Policy()

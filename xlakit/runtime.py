@@ -10,7 +10,7 @@ import warnings
 
 import jax
 
-from . import amp, cache, device_module, functionalization, labels, modules
+from . import amp, cache, device_module, functionalization, labels, modules, serialization
 
 _LOCK = threading.Lock()
 _INSTALLED = False
@@ -34,4 +34,5 @@ def install() -> None:
         modules.install()
         labels.install()
         amp.install()
+        serialization.install()
         _INSTALLED = True

@@ -12,6 +12,7 @@ import itertools
 import time
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import sources, transfer
@@ -96,6 +97,11 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
         if isinstance(inner, LazyTensor):
             return inner
     raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
+
+
+def lazy_values(obj) -> list[LiveValue]:
+    """The values of the lazy tensors among obj's leaves (a tensor, list, dict, ...)."""
+    return [unwrap(t)._state for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.device == DEVICE]
 
 
 # -- owners --------------------------------------------------------------------
