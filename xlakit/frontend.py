@@ -229,9 +229,16 @@ def _operand(value, func, source, tensors: list):
         data = from_host(value)._state.data
         data.read_only = True
         return data
-    raise RuntimeError(
+    raise mixed_devices(func, value.device, source)
+
+
+def mixed_devices(func, other: torch.device, source) -> RuntimeError:
+    """Eager torch's error for an op given tensors on two devices, with the user's line and the remedy."""
+    where = f" (at {sources.describe(source)})" if source is not None else ""
+    return RuntimeError(
         f"{func}: expected all tensors to be on the same device, but found at least two devices, "
-        f"{DEVICE} and {value.device} (at {sources.describe(source)}). Move the CPU tensor with .to(xlakit.device())."
+        f"{DEVICE} and {other}{where}. Move the {other.type} tensor with .to(xlakit.device()), "
+        f"or the lazy one with .cpu()."
     )
 
 
