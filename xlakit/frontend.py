@@ -191,6 +191,10 @@ def _infer(func, template, tensors, signature):
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
         raise NeedsEager("output shape depends on the data") from e
+    except RuntimeError as e:
+        if "meta" in str(e):  # "cannot repeat_interleave a meta tensor without output_size": it needs the data
+            raise NeedsEager(f"its meta kernel cannot say its output ({e})") from e
+        raise
     outputs = out if isinstance(out, (tuple, list)) else (out,)
     if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
         raise NeedsEager("returns Python values, not tensors")
@@ -225,11 +229,9 @@ def _operand(value, func, source, tensors: list):
         return _lifted_scalar(value, float_dtype)
     transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0 or op_info(func).cpu_indices:
-        data = from_host(value)._state.data
-        data.read_only = True
-        return data
-    raise mixed_devices(func, value.device, source)
+    data = from_host(value)._state.data  # a CPU scalar, or CPU indices (_record lets no other in)
+    data.read_only = True
+    return data
 
 
 def mixed_devices(func, other: torch.device, source) -> RuntimeError:
@@ -322,6 +324,13 @@ def _record(func, args, kwargs):
         like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
+    host = next((t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)
+                 and t.dim() and not info.cpu_indices), None)
+    if host is not None:
+        return _with_host_tensor(func, args, kwargs, template, tensors, signature, host)
+    if info.cpu_indices and any(i is not None and i.dtype is torch.uint8 for i in args[1]):
+        return run_eagerly(func, args, kwargs, reason="a uint8 index is deprecated: eager's own path, warning "
+                                                      "and errors (its meta kernel rejects it)")
     try:
         avals, structure, node_signature, template = _infer(func, template, tensors, signature)
     except NeedsEager as e:
@@ -347,6 +356,26 @@ def _record(func, args, kwargs):
     else:
         outputs = [None if aval is None else new_tensor(aval, node, i) for i, aval in enumerate(avals)]
     return structure(outputs) if structure is not None else outputs[0]
+
+
+def _with_host_tensor(func, args, kwargs, template, tensors, signature, host):
+    """A CPU tensor (not a scalar) among lazy ones. Eager torch on a device takes it
+    where the op takes CPU tensors by contract (pack_padded_sequence's lengths),
+    and raises elsewhere. The op's meta kernel says which: it fails on a meta
+    copy of such a tensor and runs with the CPU tensor itself. The values may
+    set the output's shape: eager."""
+    try:
+        _infer(func, template, tensors, signature)
+    except Exception:  # noqa: BLE001 - the meta copy was refused: try the CPU tensor itself
+        metas = [torch.empty(t.shape, dtype=t.dtype, device=_META) if isinstance(t, LazyTensor) else t
+                 for t in tensors]
+        meta_args, meta_kwargs = fill(_meta_template(template), metas)
+        try:
+            func(*meta_args, **meta_kwargs)
+        except Exception as e:  # the meta kernel's own message follows, as the cause
+            raise mixed_devices(func, host.device, sources.capture()) from e
+        return run_eagerly(func, args, kwargs, reason="takes a CPU tensor; its values may set the output's shape")
+    raise mixed_devices(func, host.device, sources.capture())
 
 
 # -- eager fallback -----------------------------------------------------------
