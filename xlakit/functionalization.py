@@ -149,16 +149,38 @@ def _host_writes(op, original):
     def picked(places, args, kwargs):
         return [args[i] if i < len(args) else kwargs.get(name) for i, name in places]
 
+    tensor_positions = tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor" and not a.kwarg_only)
+
     def kernel(keyset, *args, **kwargs):
         targets = picked(written, args, kwargs)
         if all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
                 or not _reads_lazy(picked(read, args, kwargs)):
+            if any(i < len(args) and not isinstance(args[i], torch.Tensor) for i in tensor_positions):
+                args = _numbers_as_tensors(args, tensor_positions)
             return original.call_boxed(keyset, *args, **kwargs)
         host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
         if op is not aten.copy_.default:
             raise _host_written(op, host)
         return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
     return kernel
+
+
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
+
+
+def _numbers_as_tensors(args, positions):
+    """A Python kernel receives a wrapped number (`x.mul_(0.9)`) as a Python number, which
+    the boxed call back does not take for a Tensor: a 0-d tensor of the dtype that
+    promotes as the number would (a float: the default dtype, the same category)."""
+    args = list(args)
+    for i in positions:
+        if i < len(args) and type(args[i]) in _NUMBER_DTYPES:
+            dtype = _NUMBER_DTYPES[type(args[i])]
+            if dtype is None:
+                default = torch.get_default_dtype()
+                dtype = default if type(args[i]) is float else default.to_complex()
+            args[i] = torch.scalar_tensor(args[i], dtype=dtype)
+    return args
 
 
 def _writing_ops(skip: set):
