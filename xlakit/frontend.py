@@ -184,15 +184,16 @@ def _infer(func, template, tensors, signature):
     cached = _SHAPES.get(signature)
     if cached is not None:
         return cached
-    metas = [
-        torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META) if isinstance(t, torch.Tensor) else t
-        for t in tensors
-    ]
+    metas = [_meta(t) if isinstance(t, torch.Tensor) else t for t in tensors]
     args, kwargs = fill(_meta_template(template), metas)
     try:
         out = func(*args, **kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
         raise NeedsEager("output shape depends on the data") from e
+    except RuntimeError as e:
+        if "meta" in str(e):  # "cannot repeat_interleave a meta tensor without output_size": it needs the data
+            raise NeedsEager(f"its meta kernel cannot say its output ({e})") from e
+        raise
     layouts_of = out
     view = op_info(func).view
     if view is not None:  # a view_copy's strides and offset are its view's (the copy's are contiguous)
@@ -211,6 +212,10 @@ def _infer(func, template, tensors, signature):
                     for o in (layouts_of if isinstance(layouts_of, (tuple, list)) else (layouts_of,)))
     result = _SHAPES[signature] = (avals, structure, node_signature, template, layouts)
     return result
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
 
 
 def _meta_template(template):
@@ -236,13 +241,20 @@ def _operand(value, func, source, tensors: list):
         return _lifted_scalar(value, float_dtype)
     transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0 or op_info(func).cpu_indices:
-        data = from_host(value)._state.data
-        data.read_only = True
-        return data
-    raise RuntimeError(
+    if value.dim() == 0:  # a CPU scalar (functionalization.py passes x.mul_(0.9)'s 0.9 so): uploaded once
+        return _lifted_scalar(value.item(), value.dtype)
+    data = from_host(value)._state.data  # CPU indices (_record lets no other CPU tensor in)
+    data.read_only = True
+    return data
+
+
+def mixed_devices(func, other: torch.device, source) -> RuntimeError:
+    """Eager torch's error for an op given tensors on two devices, with the user's line and the remedy."""
+    where = f" (at {sources.describe(source)})" if source is not None else ""
+    return RuntimeError(
         f"{func}: expected all tensors to be on the same device, but found at least two devices, "
-        f"{DEVICE} and {value.device} (at {sources.describe(source)}). Move the CPU tensor with .to(xlakit.device())."
+        f"{DEVICE} and {other}{where}. Move the {other.type} tensor with .to(xlakit.device()), "
+        f"or the lazy one with .cpu()."
     )
 
 
@@ -326,6 +338,13 @@ def _record(func, args, kwargs):
         like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
+    host = next((t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)
+                 and t.dim() and not info.cpu_indices), None)
+    if host is not None:
+        return _with_host_tensor(func, args, kwargs, template, tensors, signature, host)
+    if info.cpu_indices and any(i is not None and i.dtype is torch.uint8 for i in args[1]):
+        return run_eagerly(func, args, kwargs, reason="a uint8 index is deprecated: eager's own path, warning "
+                                                      "and errors (its meta kernel rejects it)")
     try:
         avals, structure, node_signature, template, layouts = _infer(func, template, tensors, signature)
     except NeedsEager as e:
@@ -367,6 +386,25 @@ def _view_offset(func, base, template) -> int:
         if (args[3] if len(args) > 3 else dict(kwargs).get("storage_offset")) is not None:
             return 0
     return base.storage_offset()
+
+
+def _with_host_tensor(func, args, kwargs, template, tensors, signature, host):
+    """A CPU tensor (not a scalar) among lazy ones. Eager torch on a device takes it
+    where the op takes CPU tensors by contract (pack_padded_sequence's lengths),
+    and raises elsewhere. The op's meta kernel says which: it fails on a meta
+    copy of such a tensor and runs with the CPU tensor itself. The values may
+    set the output's shape: eager."""
+    try:
+        _infer(func, template, tensors, signature)
+    except Exception:  # noqa: BLE001 - the meta copy was refused: try the CPU tensor itself
+        metas = [_meta(t) if isinstance(t, LazyTensor) else t for t in tensors]
+        meta_args, meta_kwargs = fill(_meta_template(template), metas)
+        try:
+            func(*meta_args, **meta_kwargs)
+        except Exception as e:  # the meta kernel's own message follows, as the cause
+            raise mixed_devices(func, host.device, sources.capture()) from e
+        return run_eagerly(func, args, kwargs, reason="takes a CPU tensor; its values may set the output's shape")
+    raise mixed_devices(func, host.device, sources.capture())
 
 
 # -- eager fallback -----------------------------------------------------------

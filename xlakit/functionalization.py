@@ -9,14 +9,17 @@ import warnings
 
 import torch
 
-from . import transfer
-from .frontend import alias, dispatch, functional_variant, op_info, to_cpu
-from .tensor import LazyTensor, from_host, unwrap, wrap
+from . import sources, transfer
+from .frontend import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
+from .tensor import LazyTensor, from_host, to_host, unwrap, wrap
 
 aten = torch.ops.aten
 
 
 # -- the Lazy dispatch key: factories and copies from the host -------------------
+_READ_KEYS = (torch._C.DispatchKey.Functionalize, torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+
+
 def _lazy_backend(op, *args, **kwargs):
     """Ops reach the Lazy key only when no argument is a LazyTensor (those stop
     at the Python key first): factories with device=lazy and copies from CPU."""
@@ -34,6 +37,15 @@ def _lazy_backend(op, *args, **kwargs):
     below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
              and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
     wrap_ = alias if below else wrap
+    if not below and any(isinstance(a, torch.Tensor) and torch._is_functional_tensor(a) for a in args):
+        # torch.tensor([t[0], t[1]]) reads each element (.item()) with Functionalize
+        # and Python both skipped: the lazy tensor arrives in its wrapper. Read it
+        # as anywhere else (syncing a view replays it through those keys).
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        for key in _READ_KEYS:
+            excluded = excluded.remove(key)
+        with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded):
+            return op(*args, **kwargs)
     out = kwargs.get("out")
     if out is None and op_info(op).lowerable:
         return wrap_(dispatch(op, args, kwargs))
@@ -85,9 +97,8 @@ def _functionalized_inplace(inplace, functional):
         inner_args = [unwrapped(a) for a in args]
         inner_kwargs = {k: unwrapped(v) for k, v in kwargs.items()}
         if not torch._is_functional_tensor(self):
-            if any(a is not b for a, b in zip((*args, *kwargs.values()), (*inner_args, *inner_kwargs.values()))):
-                raise RuntimeError(f"{inplace}: mutating a non-functional tensor with a functional tensor "
-                                   "is not allowed")
+            if _reads_lazy((*args, *kwargs.values())):
+                raise _host_written(inplace, self)
             with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
                 return inplace(self, *args, **kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
@@ -105,6 +116,84 @@ def _functionalized_inplace(inplace, functional):
             torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
         return self
     return kernel
+
+
+# -- a host tensor written from a lazy one -------------------------------------------
+# PyTorch's Functionalize kernel of an op that writes a tensor asserts ("mutating a
+# non-functional tensor with a functional tensor is not allowed") when the written
+# tensor is a plain (host) one and another argument a functional wrapper; it exempts
+# torch_xla's device by name only. xlakit's kernel in front of it does what eager
+# torch does across devices: copy_ copies (a partial sync, as .cpu()), any other op
+# raises eager's error for tensors on two devices.
+def _reads_lazy(values) -> bool:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            if _reads_lazy(v):
+                return True
+        elif isinstance(v, torch.Tensor) and torch._is_functional_tensor(v) \
+                and isinstance(torch._from_functional_tensor(v), LazyTensor):
+            return True
+    return False
+
+
+def _host_written(op, written: torch.Tensor) -> RuntimeError:
+    return mixed_devices(op, written.device, sources.capture())
+
+
+def _host_writes(op, original):
+    """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one."""
+    arguments = op._schema.arguments
+    written = tuple((i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
+    read = tuple((i, a.name) for i, a in enumerate(arguments) if not (a.alias_info and a.alias_info.is_write))
+
+    def picked(places, args, kwargs):
+        return [args[i] if i < len(args) else kwargs.get(name) for i, name in places]
+
+    tensor_positions = tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor" and not a.kwarg_only)
+
+    def kernel(keyset, *args, **kwargs):
+        targets = picked(written, args, kwargs)
+        if all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
+                or not _reads_lazy(picked(read, args, kwargs)):
+            if any(i < len(args) and not isinstance(args[i], torch.Tensor) for i in tensor_positions):
+                args = _numbers_as_tensors(args, tensor_positions)
+            return original.call_boxed(keyset, *args, **kwargs)
+        host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
+        if op is not aten.copy_.default:
+            raise _host_written(op, host)
+        return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
+    return kernel
+
+
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
+
+
+def _numbers_as_tensors(args, positions):
+    """A Python kernel receives a wrapped number (`x.mul_(0.9)`) as a Python number, which
+    the boxed call back does not take for a Tensor: a 0-d tensor of the dtype that
+    promotes as the number would (a float: the default dtype, the same category)."""
+    args = list(args)
+    for i in positions:
+        if i < len(args) and type(args[i]) in _NUMBER_DTYPES:
+            dtype = _NUMBER_DTYPES[type(args[i])]
+            if dtype is None:
+                default = torch.get_default_dtype()
+                dtype = default if type(args[i]) is float else default.to_complex()
+            args[i] = torch.scalar_tensor(args[i], dtype=dtype)
+    return args
+
+
+def _writing_ops(skip: set):
+    """Every aten op that writes a tensor argument and reads another, by its Functionalize kernel."""
+    registered = set(torch._C._dispatch_get_all_op_names())  # the JIT's schemas include TorchScript's own
+    for schema in torch._C._jit_get_all_schemas():
+        name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+        if not schema.name.startswith("aten::") or schema.name in skip or name not in registered:
+            continue
+        writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
+        reads_tensor = any("Tensor" in str(a.type) and not w for a, w in zip(schema.arguments, writes))
+        if any(writes) and reads_tensor and torch._C._dispatch_has_kernel_for_dispatch_key(name, "Functionalize"):
+            yield name
 
 
 def _one_hot(self, num_classes=-1):
@@ -129,13 +218,16 @@ def register_kernels() -> None:
     lazy = torch.library.Library("_", "IMPL")
     lazy.fallback(_lazy_backend, "Lazy")
     functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
+    own = ((aten.addcmul_.default, aten.addcmul.default), (aten.addcdiv_.default, aten.addcdiv.default),
+           (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor))
     with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
         warnings.simplefilter("ignore")
         functionalize.impl("lift_fresh", _lift_fresh_functionalize)
-        for inplace, functional in ((aten.addcmul_.default, aten.addcmul.default),
-                                    (aten.addcdiv_.default, aten.addcdiv.default),
-                                    (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor)):
+        for inplace, functional in own:
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
+        for name in _writing_ops({inplace._schema.name for inplace, _ in own}):
+            op = torch._library.utils.lookup_op(name)
+            functionalize.impl(op, _host_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
     autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
     autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
     _LIBRARIES.extend((lazy, functionalize, autograd))
