@@ -101,6 +101,7 @@ def _functionalized_inplace(inplace, functional):
                 raise _host_written(inplace, self)
             with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
                 return inplace(self, *args, **kwargs)
+        _check_writable(inplace, (self, *args), kwargs)
         with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
             out = functional(unwrapped(self), *inner_args, **inner_kwargs)
         if out.shape != self.shape:
@@ -118,13 +119,15 @@ def _functionalized_inplace(inplace, functional):
     return kernel
 
 
-# -- a host tensor written from a lazy one -------------------------------------------
+# -- writes that eager torch checks and functionalization does not ----------------------
 # PyTorch's Functionalize kernel of an op that writes a tensor asserts ("mutating a
 # non-functional tensor with a functional tensor is not allowed") when the written
 # tensor is a plain (host) one and another argument a functional wrapper; it exempts
 # torch_xla's device by name only. xlakit's kernel in front of it does what eager
 # torch does across devices: copy_ copies (a partial sync, as .cpu()), any other op
 # raises eager's error for tensors on two devices.
+# It also refuses what eager refuses and functionalization would turn into a sum:
+# a write to a tensor where two elements are one memory location (an expand).
 def _reads_lazy(values) -> bool:
     for v in values:
         if isinstance(v, (list, tuple)):
@@ -140,6 +143,103 @@ def _host_written(op, written: torch.Tensor) -> RuntimeError:
     return mixed_devices(op, written.device, sources.capture())
 
 
+def _overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of t are one memory location: eager's `has_internal_overlap` says Yes."""
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
+
+
+_REFUSES_OVERLAP: dict = {}
+
+
+# Writes whose result does not read what they overwrite: through overlapping windows they
+# give eager's values (as_strided_scatter's lowering writes the changed elements).
+_ASSIGNMENTS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default,
+                aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_fill_.int_Scalar,
+                aten.index_fill_.int_Tensor}
+
+
+def _may_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of t may be one memory location: no dim, taken by increasing stride,
+    steps past everything the smaller ones span."""
+    span = 0
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def _check_writable(op, args, kwargs) -> None:
+    """Eager's error for an in-place write to an expanded tensor, where eager's kernel gives it
+    (fill_ and zero_ write such a tensor): asked once per op, on a small expanded CPU tensor.
+    An update that reads what it writes through overlapping windows (an unfold with step <
+    size) is applied by eager element by element in memory order: xlakit says so and stops."""
+    if not _may_overlap(args[0]):
+        return
+    if not _overlapping(args[0]):
+        if op in _ASSIGNMENTS or (op is aten.index_put_.default and not (args[3:4] or [kwargs.get("accumulate")])[0]):
+            return
+        where = sources.describe(sources.capture())
+        raise RuntimeError(f"{op}: xlakit does not update a view whose elements overlap (an unfold with step < "
+                           "size) in place: eager torch applies the update element by element in memory order. "
+                           "clone() the view first, or assign to it (view[...] = value)"
+                           + (f" (at {where})" if where else "") + ".")
+    refuses = _REFUSES_OVERLAP.get(op)
+    if refuses is None:
+        refuses = _REFUSES_OVERLAP[op] = _eager_refuses_overlap(op, args, kwargs)
+    if refuses:
+        where = sources.describe(sources.capture())
+        raise RuntimeError(f"{op}: unsupported operation: more than one element of the written-to tensor refers "
+                           "to a single memory location. Please clone() the tensor before performing the operation"
+                           + (f" (at {where})" if where else "") + ".")
+
+
+_FILLS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default}
+
+
+def _row_major_base(t: torch.Tensor) -> torch.Tensor | None:
+    """t's base, where xlakit's as_strided can address it (row-major from offset 0)."""
+    base = t._base if t._base is not None else t
+    dense = base.storage_offset() == 0 and base.stride() == torch.empty(base.shape, device="meta").stride()
+    return base if dense and base.device.type == "lazy" and torch._is_functional_tensor(base) else None
+
+
+def _fill_expanded(op, args, kwargs):
+    """fill_ of an expanded view, as eager writes it: each memory location once. Through the
+    expand, functionalization's inverse would add the copies up (sum_to); written through
+    the as_strided view of the base that holds each location once, it is a scatter."""
+    self = args[0]
+    base = _row_major_base(self)
+    if base is None:
+        return None
+    shape = [1 if stride == 0 else size for size, stride in zip(self.shape, self.stride())]
+    op(aten.as_strided.default(base, shape, self.stride(), self.storage_offset()), *args[1:], **kwargs)
+    return self
+
+
+def _eager_refuses_overlap(op, args, kwargs) -> bool:
+    self = args[0]
+    shape = [1 if stride == 0 else size for size, stride in zip(self.shape, self.stride())]
+    expanded = torch.zeros(shape, dtype=self.dtype).expand(self.shape)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(expanded, *_zeros_like_on_host(args[1:]), **_zeros_like_on_host(kwargs))
+    except RuntimeError as e:
+        return "more than one element of the written-to tensor" in str(e)
+    return False
+
+
+def _zeros_like_on_host(v):
+    if isinstance(v, dict):
+        return {k: _zeros_like_on_host(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_zeros_like_on_host(x) for x in v)
+    if isinstance(v, torch.Tensor):
+        return torch.zeros(v.shape, dtype=v.dtype)
+    return v
+
+
 def _host_writes(op, original):
     """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one."""
     arguments = op._schema.arguments
@@ -147,12 +247,20 @@ def _host_writes(op, original):
     read = tuple((i, a.name) for i, a in enumerate(arguments) if not (a.alias_info and a.alias_info.is_write))
 
     def picked(places, args, kwargs):
-        return [args[i] if i < len(args) else kwargs.get(name) for i, name in places]
+        values = [args[i] if i < len(args) else kwargs.get(name) for i, name in places]
+        return [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,))]  # _foreach_*_ lists
 
     tensor_positions = tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor" and not a.kwarg_only)
+    inplace = bool(written) and written[0][0] == 0 and not arguments[0].kwarg_only
 
     def kernel(keyset, *args, **kwargs):
         targets = picked(written, args, kwargs)
+        if inplace and isinstance(args[0], torch.Tensor) and torch._is_functional_tensor(args[0]):
+            if op in _FILLS and _overlapping(args[0]):
+                filled = _fill_expanded(op, args, kwargs)
+                if filled is not None:
+                    return filled
+            _check_writable(op, args, kwargs)
         if all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
                 or not _reads_lazy(picked(read, args, kwargs)):
             if any(i < len(args) and not isinstance(args[i], torch.Tensor) for i in tensor_positions):
@@ -184,16 +292,33 @@ def _numbers_as_tensors(args, positions):
 
 
 def _writing_ops(skip: set):
-    """Every aten op that writes a tensor argument and reads another, by its Functionalize kernel."""
+    """Every aten op that writes a tensor argument, by its Functionalize kernel."""
     registered = set(torch._C._dispatch_get_all_op_names())  # the JIT's schemas include TorchScript's own
     for schema in torch._C._jit_get_all_schemas():
         name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
         if not schema.name.startswith("aten::") or schema.name in skip or name not in registered:
             continue
-        writes = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
-        reads_tensor = any("Tensor" in str(a.type) and not w for a, w in zip(schema.arguments, writes))
-        if any(writes) and reads_tensor and torch._C._dispatch_has_kernel_for_dispatch_key(name, "Functionalize"):
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if writes and torch._C._dispatch_has_kernel_for_dispatch_key(name, "Functionalize"):
             yield name
+
+
+def _unfold(original):
+    """unfold on a lazy tensor as the as_strided view of its base that it is:
+    functionalization's inverse of unfold (unfold_backward) adds overlapping windows up
+    (size > step) and zeroes the elements no window covers, where eager's writes through
+    the view change just what they write; as_strided's inverse is a scatter (see
+    as_strided_scatter's lowering). Functionalization takes as_strided only of a base (it
+    is not compositional), and xlakit's as_strided addresses that base's elements in row-major order:
+    a base laid out so from offset 0. Others keep torch's kernel."""
+    def kernel(keyset, self, dimension, size, step):
+        base = _row_major_base(self) if self.device.type == "lazy" else None
+        if base is not None:
+            view = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta") \
+                .unfold(dimension, size, step)
+            return aten.as_strided.default(base, view.shape, view.stride(), self.storage_offset() + view.storage_offset())
+        return original.call_boxed(keyset, self, dimension, size, step)
+    return kernel
 
 
 def _one_hot(self, num_classes=-1):
@@ -223,6 +348,8 @@ def register_kernels() -> None:
     with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
         warnings.simplefilter("ignore")
         functionalize.impl("lift_fresh", _lift_fresh_functionalize)
+        functionalize.impl(aten.unfold.default, _unfold(torch.library.get_kernel(aten.unfold.default, "Functionalize")),
+                           with_keyset=True)
         for inplace, functional in own:
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
         for name in _writing_ops({inplace._schema.name for inplace, _ in own}):

@@ -647,11 +647,18 @@ def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
 
 @lowers("aten::as_strided_scatter")
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
-    index = _strided_indices(size, stride, storage_offset)
+    """Where src's elements share a storage place (overlapping windows), the one that
+    differs from what is there is written: functionalization scatters a view written
+    through (`u[:, 0] = -1` on an unfold) with its unchanged elements too, and eager
+    wrote only the changed ones. Elsewhere that is every element."""
+    index = _strided_indices(size, stride, storage_offset).reshape(-1)
     if index.size == 0:
         return self
-    flat = self.reshape(-1).at[index.reshape(-1)].set(src.astype(self.dtype).reshape(-1))
-    return flat.reshape(self.shape)
+    flat, new = self.reshape(-1), src.astype(self.dtype).reshape(-1)
+    old = flat[index]
+    same = (new == old) | (jnp.isnan(new) & jnp.isnan(old)) if jnp.issubdtype(new.dtype, jnp.inexact) else new == old
+    changed = jnp.where(same, flat.size, index)  # unchanged: out of range, dropped
+    return flat.at[changed].set(new, mode="drop").reshape(self.shape)
 
 
 @lowers("aten::select_backward")
