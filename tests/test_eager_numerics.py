@@ -134,3 +134,38 @@ def test_scalar_that_eager_takes_is_taken(dev, case):
     dtype, fn = FITTING[case]
     t = torch.tensor([1, 2, 3], dtype=dtype)
     assert_same(fn(t.to(dev)), fn(t), equal_nan=True)
+
+
+# -- the shape memo ---------------------------------------------------------------------------------
+DEFAULT_DTYPE_OPS = {
+    "int / 4": lambda i, device: i.to(device) / 4,
+    "int * 0.1": lambda i, device: i.to(device) * 0.1,
+    "sigmoid(int)": lambda i, device: torch.sigmoid(i.to(device)),
+    "arange(0., 3.)": lambda i, device: torch.arange(0.0, 3.0, device=device),
+    "eye(2)": lambda i, device: torch.eye(2, device=device),
+    "int + 1j": lambda i, device: i.to(device) + 1j,
+}
+
+
+@pytest.mark.parametrize("op", DEFAULT_DTYPE_OPS)
+def test_ops_follow_a_changed_default_dtype(dev, op):
+    fn = DEFAULT_DTYPE_OPS[op]
+    i = torch.tensor([1, 2, 3])
+    assert_same(fn(i, dev), fn(i, "cpu"))  # seen first under float32
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert_same(fn(i, dev), fn(i, "cpu"))
+    finally:
+        torch.set_default_dtype(previous)
+    assert_same(fn(i, dev), fn(i, "cpu"))
+
+
+def test_shape_memo_stays_bounded_under_ever_new_slices(dev):
+    from xlakit import frontend
+
+    x = torch.arange(frontend._SHAPES_LIMIT + 600, dtype=torch.float32, device=dev)
+    for start in range(frontend._SHAPES_LIMIT + 500):
+        x[start:start + 2]
+    assert len(frontend._SHAPES) <= frontend._SHAPES_LIMIT
+    assert_same(x[5:7] * 2, torch.tensor([10.0, 12.0]))

@@ -198,7 +198,8 @@ def _split(func, info: _OpInfo, args, kwargs):
 
     Returns (template, tensors, signature): template has `Slot`s where tensors
     (and lifted scalars) were; signature replaces tensors by their avals and is
-    the memo key for shape inference.
+    the memo key for shape inference, with the default dtype, which meta
+    kernels read (int tensor / 4, arange(0., 3.), eye(2)).
     """
     tensors: list = []
     arg_template, arg_signature = [], []
@@ -212,7 +213,7 @@ def _split(func, info: _OpInfo, args, kwargs):
         kw_template.append((name, t))
         kw_signature.append((name, sig))
     template = (tuple(arg_template), tuple(kw_template))
-    return template, tensors, (id(func), tuple(arg_signature), tuple(kw_signature))
+    return template, tensors, (id(func), torch.get_default_dtype(), tuple(arg_signature), tuple(kw_signature))
 
 
 # Module-level, not nested: a recursive closure forms a reference cycle that
@@ -237,13 +238,17 @@ def _split_one(value, tensors: list, lifted: bool):
 # memo: signature -> (output avals, output structure, node signature bytes, template).
 # A signature determines its template, so nodes share the memo's template: fewer
 # objects per recorded op outlive it, and Python's collector runs less often.
+# Bounded (~1.2 KB each; ever-new slice offsets would grow it without end): the oldest go first.
 _SHAPES: dict = {}
+_SHAPES_LIMIT = 8192
 
 
 def _infer(func, template, tensors, signature):
     cached = _SHAPES.get(signature)
     if cached is not None:
         return cached
+    if len(_SHAPES) >= _SHAPES_LIMIT:
+        del _SHAPES[next(iter(_SHAPES))]
     metas = [
         torch.empty(t.shape, dtype=t.dtype, device=_META) if isinstance(t, torch.Tensor) else t
         for t in tensors
