@@ -169,3 +169,24 @@ def test_shape_memo_stays_bounded_under_ever_new_slices(dev):
         x[start:start + 2]
     assert len(frontend._SHAPES) <= frontend._SHAPES_LIMIT
     assert_same(x[5:7] * 2, torch.tensor([10.0, 12.0]))
+
+
+# -- special functions' edge values -------------------------------------------------------------------
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_zeta_edge_values_equal_eager(dev, dtype):
+    """Cephes' order of early returns: zeta(inf, 1) is 1, zeta(nan, -1) inf, zeta(2.5, -1) inf."""
+    xs = [INF, -INF, NAN, 1.0, 0.5, 2.0, 2.5, 3.0, 50.0]
+    qs = [1.0, 2.0, 0.5, 0.0, -1.0, -0.5, -1.5, -7.25, INF, NAN, 1e-30, 1e30, 1.1]
+    x = torch.tensor([a for a in xs for _ in qs], dtype=dtype)
+    q = torch.tensor([b for _ in xs for b in qs], dtype=dtype)
+    assert_same(torch.special.zeta(x.to(dev), q.to(dev)), torch.special.zeta(x, q), equal_nan=True)
+
+
+def test_zeta_of_a_huge_negative_q_ends(dev):
+    """A negative integer q (any huge float is one) is inf at once: no term-by-term sum."""
+    x = torch.tensor([2.0, 3.0, 2.5], dtype=torch.float64)
+    q = torch.tensor([-INF, -1e30, -1e300], dtype=torch.float64)
+    assert_same(torch.special.zeta(x.to(dev), q.to(dev)), torch.special.zeta(x, q))
