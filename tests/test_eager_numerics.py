@@ -190,3 +190,31 @@ def test_zeta_of_a_huge_negative_q_ends(dev):
     x = torch.tensor([2.0, 3.0, 2.5], dtype=torch.float64)
     q = torch.tensor([-INF, -1e30, -1e300], dtype=torch.float64)
     assert_same(torch.special.zeta(x.to(dev), q.to(dev)), torch.special.zeta(x, q))
+
+
+# -- reductions ---------------------------------------------------------------------------------------
+SUMS = {
+    "sum(1)": lambda x: x.sum(1),
+    "sum()": lambda x: x.sum(),
+    "sum(0)": lambda x: x.sum(0),
+    "sum keepdim": lambda x: x.sum(1, keepdim=True),
+    "mean(1)": lambda x: x.mean(1),
+    "nansum(1)": lambda x: x.nansum(1),
+    "cumsum(1)": lambda x: x.cumsum(1),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64, torch.complex64])
+@pytest.mark.parametrize("op", SUMS)
+def test_sum_of_negative_zero_is_positive_zero(dev, op, dtype):
+    """Eager's sums start from +0.0; XLA folds a one-element sum to the element."""
+    fn = SUMS[op]
+    if dtype.is_complex and op == "nansum(1)":
+        pytest.skip("eager refuses complex nansum")
+    x = torch.tensor([[-0.0], [-0.0]], dtype=dtype)
+    if dtype.is_complex:
+        x = torch.complex(x.real, x.real)
+    got, eager = fn(x.to(dev)).cpu(), fn(x)
+    assert_same(got, eager)
+    parts = (got.real, got.imag, eager.real, eager.imag) if dtype.is_complex else (got, eager)
+    assert not any(p.signbit().any() for p in parts), (got, eager)
