@@ -10,11 +10,14 @@ xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch._decomp
+from torch._prims_common import get_computation_dtype
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from . import eager, lowering, ops, sources, transfer
+from . import eager, lowering, lowerings, ops, sources, transfer
 from .config import config
 from .engine import current
 from .ir import Aval, DeviceData, Node, Slot, fill
@@ -89,7 +92,8 @@ class _OpInfo:
     schema says."""
 
     __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
-                 "functional", "foreach", "shape_only_random", "view", "cpu_indices")
+                 "functional", "foreach", "shape_only_random", "view", "cpu_indices", "opmath_scalar",
+                 "checked_scalars", "fill")
 
     def __init__(self, op):
         policy = ops.policy(op)
@@ -111,6 +115,12 @@ class _OpInfo:
         self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
         self.view = _view_of_copy(op)
         self.cpu_indices = policy.cpu_indices
+        found = lowerings.find(op)
+        self.opmath_scalar = found.opmath_scalar if found else ""
+        # (position, name) of each Scalar argument eager checks (ops.Policy.checked_scalars)
+        self.checked_scalars = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                                     if a.name in policy.checked_scalars)
+        self.fill = policy.fill
 
 
 def op_info(op) -> _OpInfo:
@@ -133,12 +143,65 @@ def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     return data
 
 
+# c10's names of the types in its message
+_C10_NAMES = {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int", torch.int64: "int64_t",
+              torch.uint8: "uint8_t", torch.float16: "at::Half", torch.bfloat16: "at::BFloat16", torch.float32: "float",
+              torch.float64: "double", torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
+
+
+def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
+    """Raise eager's error where a Scalar argument does not fit the type eager's
+    kernel converts it to (ops.Policy.checked_scalars): XLA would wrap it or make
+    it inf. The value is a Python constant, so this needs no sync."""
+    for position, name in info.checked_scalars:
+        value = args[position] if position < len(args) else kwargs.get(name)
+        if not isinstance(value, (int, float, complex)):
+            continue
+        dtype = aval.dtype
+        if info.opmath_scalar == name:
+            dtype = get_computation_dtype(dtype)  # float32 for float16 / bfloat16
+        elif func._overloadpacket is aten.pow and dtype in (torch.float32, torch.float64):
+            continue  # pow's float kernels read the exponent in double
+        if info.fill and dtype in (torch.float16, torch.bfloat16) and math.prod(aval.shape) == 1:
+            continue
+        if _overflows(value, dtype):
+            where = sources.describe(sources.capture())
+            raise RuntimeError(
+                f"{func}: value cannot be converted to type {_C10_NAMES.get(dtype, dtype)} without overflow: "
+                f"{name}={value!r} does not fit {dtype}" + (f" (at {where})" if where else "")
+                + ". Pass a value in the tensor's range, or cast the tensor to a wider dtype first.")
+
+
+def _overflows(value, dtype: torch.dtype) -> bool:
+    """c10's `overflows<To, From>`, as checked_convert asks it: ints compare exactly, floats
+    as doubles; infinities fit a float type, NaN and infinities no integer type; an
+    unsigned type takes negative ints down to -max (they wrap); a complex value fits a
+    real type only with a zero imaginary part."""
+    if dtype is torch.bool or isinstance(value, bool):
+        return False
+    if dtype.is_complex:
+        limit = torch.finfo(dtype).max
+        return any(math.isfinite(part) and abs(part) > limit for part in (value.real, value.imag))
+    if isinstance(value, complex):
+        if value.imag != 0:
+            return True
+        value = value.real
+    if dtype.is_floating_point:
+        return math.isfinite(value) and abs(float(value)) > torch.finfo(dtype).max
+    info = torch.iinfo(dtype)
+    if isinstance(value, float):
+        return not math.isfinite(value) or value < float(info.min) or value > float(info.max)
+    lowest = -info.max if info.min == 0 else info.min
+    return value < lowest or value > info.max
+
+
 def _split(func, info: _OpInfo, args, kwargs):
     """Separate tensors from constants.
 
     Returns (template, tensors, signature): template has `Slot`s where tensors
     (and lifted scalars) were; signature replaces tensors by their avals and is
-    the memo key for shape inference.
+    the memo key for shape inference, with the default dtype, which meta
+    kernels read (int tensor / 4, arange(0., 3.), eye(2)).
     """
     tensors: list = []
     arg_template, arg_signature = [], []
@@ -152,7 +215,7 @@ def _split(func, info: _OpInfo, args, kwargs):
         kw_template.append((name, t))
         kw_signature.append((name, sig))
     template = (tuple(arg_template), tuple(kw_template))
-    return template, tensors, (id(func), tuple(arg_signature), tuple(kw_signature))
+    return template, tensors, (id(func), torch.get_default_dtype(), tuple(arg_signature), tuple(kw_signature))
 
 
 # Module-level, not nested: a recursive closure forms a reference cycle that
@@ -177,13 +240,17 @@ def _split_one(value, tensors: list, lifted: bool):
 # memo: signature -> (output avals, output structure, node signature bytes, template, output layouts).
 # A signature determines its template, so nodes share the memo's template: fewer
 # objects per recorded op outlive it, and Python's collector runs less often.
+# Bounded (~1.2 KB each; ever-new slice offsets would grow it without end): the oldest go first.
 _SHAPES: dict = {}
+_SHAPES_LIMIT = 8192
 
 
 def _infer(func, template, tensors, signature):
     cached = _SHAPES.get(signature)
     if cached is not None:
         return cached
+    if len(_SHAPES) >= _SHAPES_LIMIT:
+        del _SHAPES[next(iter(_SHAPES))]
     metas = [_meta(t) if isinstance(t, torch.Tensor) else t for t in tensors]
     args, kwargs = fill(_meta_template(template), metas)
     try:
@@ -238,6 +305,8 @@ def _operand(value, func, source, tensors: list):
     if isinstance(value, float):  # in the dtype of the op's first float tensor, as torch computes it
         float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
                            torch.get_default_dtype())
+        if op_info(func).opmath_scalar:  # float32 for float16 / bfloat16 (lowerings.Lowering.opmath_scalar)
+            float_dtype = get_computation_dtype(float_dtype)
         return _lifted_scalar(value, float_dtype)
     transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
@@ -352,6 +421,8 @@ def _record(func, args, kwargs):
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
+    if info.checked_scalars:
+        _check_scalars(func, info, args, kwargs, avals[0])
     if not info.lowerable:
         return run_eagerly(func, args, kwargs, reason=info.eager_reason)
     if id(func) in ops.FAILED:

@@ -19,12 +19,12 @@ import torch
 import torch._decomp
 
 from . import checks, lowerings, ops, sharding, sources
-from .ir import Aval, Graph, Node, fill
+from .ir import Aval, Graph, Node, Slot, fill
 from .lowerings import jax_dtype
 from .ops import Handling, NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "5"
+LOWERING_VERSION = "6"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
@@ -310,9 +310,7 @@ def _lowered(op, lowering, template, avals, found, *operands):
         if aval is not None and aval.dtype not in lowerings.XLA_DTYPES:
             raise NeedsEager(f"XLA has no {aval.dtype}")
     if lowering.promote:
-        out = next((a.dtype for a in avals if a is not None), None)
-        dtype = jax_dtype(lowerings.computation_dtype(operands, out))
-        operands = [o.astype(dtype) for o in operands]
+        operands = _promoted(op, lowering, template, avals, operands)
     own = None if found is None else checks.Trace()
     with checks.collecting(own):
         args, kwargs = fill(template, operands)
@@ -333,6 +331,21 @@ def _lowered(op, lowering, template, avals, found, *operands):
         return arrays, ()
     found[:] = [check for check, _, _ in own.found]
     return arrays, tuple((ok, bad) for _, ok, bad in own.found)
+
+
+def _promoted(op, lowering, template, avals, operands) -> list:
+    """A `promote=True` lowering's operands in the dtype torch computes in; its
+    `opmath_scalar` argument, where 0-d in a float16 / bfloat16 computation, in
+    float32, as eager's kernel reads it (x * 65536.0 is finite in float16)."""
+    out = next((a.dtype for a in avals if a is not None), None)
+    dtype = jax_dtype(lowerings.computation_dtype(operands, out))
+    kept = None
+    if lowering.opmath_scalar and dtype in (jnp.float16, jnp.bfloat16):
+        args, kwargs = template
+        position = [a.name for a in op._schema.arguments].index(lowering.opmath_scalar)
+        value = args[position] if position < len(args) else dict(kwargs).get(lowering.opmath_scalar)
+        kept = value.index if isinstance(value, Slot) else None
+    return [o.astype(jnp.float32 if i == kept and o.ndim == 0 else dtype) for i, o in enumerate(operands)]
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,

@@ -35,13 +35,20 @@ class Policy:
     graph as 0-d inputs, so a changed learning rate or momentum does not
     recompile. `cpu_indices`: CPU index tensors mix with device tensors, as in
     eager torch. `guard`: a check of its arguments before lowering (lowering.py)
-    may send one call to eager CPU."""
+    may send one call to eager CPU. `checked_scalars`: the Scalar arguments
+    eager's kernel converts to the type it computes in with c10's
+    checked_convert, which raises where the value does not fit (the frontend
+    raises the same at record time); `fill`: the kernel is fill_, which
+    converts a float16 / bfloat16 value unchecked for a one-element tensor
+    (ATen's scalar_fill)."""
 
     handling: Handling = Handling.LOWERED
     reason: str = ""
     lift_scalars: bool = False
     cpu_indices: bool = False
     guard: bool = False
+    checked_scalars: tuple[str, ...] = ()
+    fill: bool = False
 
     @property
     def recorded(self) -> bool:
@@ -51,6 +58,9 @@ class Policy:
 
 H = Handling
 _LIFT = Policy(lift_scalars=True)
+_ALPHA = Policy(lift_scalars=True, checked_scalars=("alpha",))
+_VALUE = Policy(lift_scalars=True, checked_scalars=("value",))
+_FILLED = Policy(checked_scalars=("fill_value",), fill=True)
 _RANDOM = Policy(H.RANDOM, "random: a key fixed at trace time would make a cached executable repeat its "
                            "draws; torch's CPU generator draws them")
 _RANDOM_LIKE = Policy(H.RANDOM_LIKE, "reads only its input's shape and dtype")
@@ -59,9 +69,20 @@ _ALIAS = "values are immutable: a new tensor sharing the value, no node, no copy
 
 TABLE: dict[str, Policy] = {
     # -- arithmetic: scalars lifted to 0-d inputs ------------------------------
-    "aten::add": _LIFT, "aten::sub": _LIFT, "aten::rsub": _LIFT, "aten::mul": _LIFT, "aten::div": _LIFT,
-    "aten::lerp": _LIFT, "aten::where": _LIFT, "aten::masked_fill": _LIFT, "aten::fill": _LIFT,
-    "aten::clamp": _LIFT, "aten::addcmul": _LIFT, "aten::addcdiv": _LIFT,
+    "aten::add": _ALPHA, "aten::sub": _ALPHA, "aten::rsub": _ALPHA, "aten::mul": _LIFT, "aten::div": _LIFT,
+    "aten::lerp": Policy(lift_scalars=True, checked_scalars=("weight",)), "aten::where": _LIFT,
+    "aten::masked_fill": Policy(lift_scalars=True, checked_scalars=("value",)),
+    "aten::fill": Policy(lift_scalars=True, checked_scalars=("value",), fill=True),
+    "aten::clamp": Policy(lift_scalars=True, checked_scalars=("min", "max")),
+    "aten::addcmul": _VALUE, "aten::addcdiv": _VALUE,
+    # -- Scalars written into the tensor, checked as eager checks them ---------
+    "aten::clamp_min": Policy(checked_scalars=("min",)), "aten::clamp_max": Policy(checked_scalars=("max",)),
+    "aten::hardtanh": Policy(checked_scalars=("min_val", "max_val")),
+    "aten::threshold": Policy(checked_scalars=("threshold", "value")),
+    "aten::pow.Tensor_Scalar": Policy(checked_scalars=("exponent",)),
+    "aten::index_fill": Policy(checked_scalars=("value",)), "aten::scatter": Policy(checked_scalars=("value",)),
+    "aten::full": _FILLED, "aten::full_like": _FILLED, "aten::new_full": _FILLED,
+    "aten::scalar_tensor": Policy(checked_scalars=("s",), fill=True),
     # -- CPU index tensors mix with device tensors ------------------------------
     "aten::index": Policy(cpu_indices=True), "aten::index_put": Policy(cpu_indices=True),
     "aten::_index_put_impl": Policy(cpu_indices=True),

@@ -14,7 +14,11 @@ jax array or a tuple of them (None for outputs the op was asked not to
 compute). The caller (lowering.py) casts each result to the dtype torch's
 meta kernel gives and checks its shape, so an entry may compute in any dtype
 that gives torch's values. `promote=True` (elementwise ops): array arguments
-arrive already cast to the dtype torch computes in (`computation_dtype`).
+arrive already cast to the dtype torch computes in (`computation_dtype`);
+`opmath_scalar` names the argument that eager's float16 / bfloat16 kernel reads,
+when it is 0-d (a Python number or a 0-d tensor), in float32 unrounded
+(TensorIterator's `original_scalar_value<opmath_t>`, addcmul's
+`value.to<float>()`): that operand arrives in float32, not in the computation dtype.
 
 Keys: "aten::add" (every overload) or "aten::add.Tensor" (that overload,
 which wins). The families live in the submodules below.
@@ -32,18 +36,19 @@ import torch
 class Lowering:
     fn: Callable
     promote: bool = False
+    opmath_scalar: str = ""
 
 
 TABLE: dict[str, Lowering] = {}
 
 
-def lowers(*names: str, promote: bool = False):
+def lowers(*names: str, promote: bool = False, opmath_scalar: str = ""):
     """Register the decorated function as the lowering of `names`."""
     def register(fn):
         for name in names:
             if name in TABLE:
                 raise ImportError(f"xlakit internal error: two lowerings of {name}")
-            TABLE[name] = Lowering(fn, promote)
+            TABLE[name] = Lowering(fn, promote, opmath_scalar)
         return fn
     return register
 

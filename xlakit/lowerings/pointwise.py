@@ -18,9 +18,12 @@ caller's cast.
 Integer division or remainder by zero, where XLA gives a value, raises
 eager's RuntimeError("ZeroDivisionError") through an in-graph check
 (checks.require); an int tensor to a negative Python int power runs eagerly,
-which raises as eager does. Not matched: the last bit of some float16 / bfloat16 results
-(eager's scalar and vectorized loops round differently; a lifted Python float
-arrives rounded to the tensor's dtype where eager keeps it in float32).
+which raises as eager does. A Python number or 0-d tensor met by a float16 /
+bfloat16 tensor is read as eager's kernel reads it: rounded to the tensor's
+dtype (add, sub, clamp, pow), or in float32 (mul, div, addcmul, addcdiv,
+lerp's Scalar weight: Lowering.opmath_scalar). Not matched: the last bit of
+some float16 / bfloat16 results (eager's scalar and vectorized loops round
+differently).
 """
 from __future__ import annotations
 
@@ -117,6 +120,16 @@ def opmath(*xs):
     return out if len(out) != 1 else out[0]
 
 
+def with_scalar(self, other):
+    """self and other as eager's mul / div kernels read them: a scalar `other` (a
+    Python number, or a 0-d operand: Lowering.opmath_scalar) of a float16 /
+    bfloat16 self in float32, unrounded, and the op in float32; otherwise
+    other in self's dtype."""
+    if self.dtype in (jnp.float16, jnp.bfloat16) and jnp.ndim(other) == 0:
+        return opmath(self), as_dtype(other, jnp.float32)
+    return self, as_dtype(other, self.dtype)
+
+
 # -- arithmetic -----------------------------------------------------------------------
 @lowers("aten::add", promote=True)
 def add(self, other, *, alpha=1):
@@ -143,9 +156,9 @@ def rsub(self, other, alpha=1):
     return sub(as_dtype(other, self.dtype), self, alpha=alpha)
 
 
-@lowers("aten::mul", promote=True)
+@lowers("aten::mul", promote=True, opmath_scalar="other")
 def mul(self, other):
-    other = as_dtype(other, self.dtype)
+    self, other = with_scalar(self, other)
     if self.dtype == jnp.bool_:
         return self & other
     return self * other
@@ -182,9 +195,9 @@ def _require_nonzero_divisor(a, b) -> None:
         checks.require(jnp.broadcast_to(jnp.asarray(b) != 0, shape), RuntimeError, "ZeroDivisionError")
 
 
-@lowers("aten::div", "aten::true_divide", promote=True)
+@lowers("aten::div", "aten::true_divide", promote=True, opmath_scalar="other")
 def div(self, other, *, rounding_mode=None):
-    other = as_dtype(other, self.dtype)
+    self, other = with_scalar(self, other)
     if rounding_mode is not None:
         _require_nonzero_divisor(self, other)
     if rounding_mode == "trunc":
@@ -194,9 +207,9 @@ def div(self, other, *, rounding_mode=None):
     return self / other
 
 
-@lowers("aten::floor_divide", promote=True)
+@lowers("aten::floor_divide", promote=True, opmath_scalar="other")
 def floor_divide(self, other):
-    other = as_dtype(other, self.dtype)
+    self, other = with_scalar(self, other)
     _require_nonzero_divisor(self, other)
     return _div_floor(self, other)
 
@@ -237,6 +250,8 @@ def _pow_scalar_exponent(base, exp):
     """ATen's pow(Tensor, Scalar): 0 -> ones, 1 -> copy, and the kernel's special cases."""
     if not isinstance(exp, NUMBER):  # a lifted 0-d exponent
         return _pow(base, exp.astype(base.dtype))
+    if base.dtype in (jnp.float16, jnp.bfloat16) and not isinstance(exp, complex):
+        exp = float(np.asarray(exp, base.dtype))  # the kernel reads it rounded (float16 ** 1e-8 is 1)
     if exp == 0:
         return jnp.ones_like(base)
     if exp == 1:
@@ -560,13 +575,18 @@ def fmin(self, other):
     return jnp.fmin(self, other)
 
 
-@lowers("aten::lerp", promote=True)
 def lerp(self, end, weight):
     """ATen's lerp: weight < 0.5 in magnitude counts from start, otherwise from end."""
-    start, end, weight = opmath(self, end, as_dtype(weight, self.dtype))
+    start, end = opmath(self, end)
+    weight = as_dtype(weight, start.dtype)
     from_start = start + weight * (end - start)
     from_end = end - (end - start) * (1 - weight)
     return jnp.where(jnp.abs(weight) < 0.5, from_start, from_end)
+
+
+# a Scalar weight is read in float32 for float16 / bfloat16 (`weight.to<opmath_t>()`), a tensor one rounded
+lowers("aten::lerp.Tensor", promote=True)(lerp)
+lowers("aten::lerp.Scalar", promote=True, opmath_scalar="weight")(lerp)
 
 
 # -- selection and filling ------------------------------------------------------------------
@@ -722,16 +742,17 @@ def complex_(real, imag):
 
 def _with_value(combine):
     """addcmul / addcdiv: `value` is a lifted 0-d input (a new learning rate
-    must not recompile), cast to the operands' dtype as torch computes."""
+    must not recompile), in the operands' dtype, float32 for float16 /
+    bfloat16 (eager's `value.to<float>()`, unrounded)."""
     def lowering(self, tensor1, tensor2, *, value=1):
         x, t1, t2 = opmath(self, tensor1, tensor2)
         return x + combine(as_dtype(value, x.dtype), t1, t2)
     return lowering
 
 
-# ATen: self + value * t1 * t2 and self + value * (t1 / t2)
-lowers("aten::addcmul", promote=True)(_with_value(lambda v, a, b: v * a * b))
-lowers("aten::addcdiv", promote=True)(_with_value(lambda v, a, b: v * (a / b)))
+# ATen: self + value * t1 * t2 and self + value * t1 / t2, left to right
+lowers("aten::addcmul", promote=True, opmath_scalar="value")(_with_value(lambda v, a, b: v * a * b))
+lowers("aten::addcdiv", promote=True, opmath_scalar="value")(_with_value(lambda v, a, b: v * a / b))
 
 del _name, _compare
 

@@ -111,10 +111,20 @@ def _take(x, index, axis):
     return jnp.squeeze(jnp.take_along_axis(x, index, axis=axis), axis)
 
 
+def _from_zero(total):
+    """A float sum as eager's, which starts from +0.0: a sum of -0.0 alone is +0.0,
+    where XLA folds a one-element reduction to the element itself."""
+    if jnp.iscomplexobj(total):
+        return lax.complex(_from_zero(total.real), _from_zero(total.imag))
+    if not _is_float(total.dtype):
+        return total
+    return jnp.where(total == 0, jnp.zeros_like(total), total)
+
+
 # -- sums, means, products ------------------------------------------------------------
 @lowers("aten::sum.default", "aten::sum.dim_IntList")
 def sum_(self, dim=None, keepdim=False, *, dtype=None):
-    return _accumulating(self, dtype).sum(axis=_axes(self, dim), keepdims=keepdim)
+    return _from_zero(_accumulating(self, dtype).sum(axis=_axes(self, dim), keepdims=keepdim))
 
 
 @lowers("aten::nansum")
@@ -123,7 +133,7 @@ def nansum(self, dim=None, keepdim=False, *, dtype=None):
     x = _accumulating(self, dtype)
     if not _is_integral(x.dtype):
         x = jnp.where(jnp.isnan(x), jnp.zeros((), x.dtype), x)
-    return x.sum(axis=_axes(self, dim), keepdims=keepdim)
+    return _from_zero(x.sum(axis=_axes(self, dim), keepdims=keepdim))
 
 
 @lowers("aten::mean.default", "aten::mean.dim")
@@ -131,7 +141,7 @@ def mean(self, dim=None, keepdim=False, *, dtype=None):
     axes = _axes(self, dim)
     x = _acc(self.astype(jax_dtype(dtype)) if dtype is not None else self)
     # sum / count, as torch (a count of 0 gives NaN)
-    return x.sum(axis=axes, keepdims=keepdim) / x.dtype.type(_count(self, axes))
+    return _from_zero(x.sum(axis=axes, keepdims=keepdim)) / x.dtype.type(_count(self, axes))
 
 
 @lowers("aten::prod.default", "aten::prod.dim_int")
@@ -340,7 +350,7 @@ def histc(self, bins=100, min=0, max=0):
 def cumsum(self, dim, *, dtype=None):
     x = _accumulating(self, dtype)
     axis = _axis(self, dim)
-    return x if axis is None else jnp.cumsum(x, axis=axis)
+    return x if axis is None else _from_zero(jnp.cumsum(x, axis=axis))
 
 
 @lowers("aten::cumprod")

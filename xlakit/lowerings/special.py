@@ -56,13 +56,17 @@ def _trigamma(x):
 
 
 def _zeta(x, q):
-    """Hurwitz zeta with Cephes' (ATen's) edge cases: x == 1 gives inf, x < 1 NaN,
-    q a non-positive integer inf. A negative q starts with the terms up to
-    q + ceil(-q) summed one by one, as Cephes does: jss.zeta's fixed nine terms
-    are too few there."""
+    """Hurwitz zeta with Cephes' (ATen's) edge cases, in its order: x == 1 gives
+    inf, x < 1 NaN, q a non-positive integer inf, else q < 0 with x not an
+    integer NaN; x = inf ends its sum at 1 for q == 1, inf for q < 1, NaN for
+    q > 1. A negative q starts with the terms up to q + ceil(-q) summed one by
+    one, as Cephes does: jss.zeta's fixed nine terms are too few there."""
     if x.dtype == jnp.float32:  # ATen sums in double on the CPU (acc_type)
         return _zeta(x.astype(jnp.float64), q.astype(jnp.float64)).astype(jnp.float32)
-    steps = jnp.where(q < 0, jnp.ceil(-q), jnp.zeros_like(q))
+    integer_q = (q <= 0) & (q == jnp.floor(q))
+    # only where Cephes sums: a huge or infinite negative q is an integer, and is not summed
+    summed = (x > 1) & (q < 0) & ~integer_q & (x == jnp.floor(x))
+    steps = jnp.where(summed, jnp.ceil(-q), jnp.zeros_like(q))
 
     def more(state):
         return jnp.any(state[0] < steps)
@@ -73,10 +77,12 @@ def _zeta(x, q):
 
     _, head = lax.while_loop(more, term, (jnp.zeros((), q.dtype), jnp.zeros_like(q * x)))
     out = head + jss.zeta(x, q + steps)
-    out = jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.full_like(out, jnp.inf), out)
-    out = jnp.where((q < 0) & (x != jnp.floor(x)), jnp.full_like(out, jnp.nan), out)
-    out = jnp.where(x < 1, jnp.full_like(out, jnp.nan), out)
-    return jnp.where(x == 1, jnp.full_like(out, jnp.inf), out)
+    full = lambda value: jnp.full_like(out, value)  # noqa: E731
+    out = jnp.where(x == jnp.inf, jnp.where(q == 1, full(1), jnp.where(q < 1, full(jnp.inf), full(jnp.nan))), out)
+    out = jnp.where((q < 0) & (x != jnp.floor(x)), full(jnp.nan), out)
+    out = jnp.where(integer_q, full(jnp.inf), out)
+    out = jnp.where(x < 1, full(jnp.nan), out)
+    return jnp.where(x == 1, full(jnp.inf), out)
 
 
 @lowers("aten::polygamma", promote=True)
