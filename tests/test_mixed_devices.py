@@ -101,3 +101,26 @@ def test_uint8_mask_write_matches_eager(dev):
 def test_cpu_tensor_without_a_cpu_contract_still_raises(dev):
     with pytest.raises(RuntimeError, match=r"aten.mm.default: expected all tensors to be on the same device"):
         torch.ones(2, 2, device=dev) @ torch.ones(2, 2)
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("lengths", [[5, 3], [2, 5]])
+def test_packed_rnns_train_as_in_eager(dev, cell, batch_first, lengths):
+    # pack_padded_sequence takes its lengths on the CPU, and keeps the batch sizes there
+    from torch.nn.utils.rnn import pack_padded_sequence, pack_sequence, pad_packed_sequence
+
+    def run(device):
+        torch.manual_seed(0)
+        rnn = cell(4, 3, batch_first=batch_first, bidirectional=True).to(device)
+        x = torch.randn((2, 5, 4) if batch_first else (5, 2, 4)).to(device).requires_grad_()
+        packed = pack_padded_sequence(x, torch.tensor(lengths), batch_first=batch_first, enforce_sorted=False)
+        out, _ = rnn(packed)
+        y, out_lengths = pad_packed_sequence(out, batch_first=batch_first, total_length=6)
+        (y * torch.arange(6.).to(device).view((1, 6, 1) if batch_first else (6, 1, 1))).sum().backward()
+        seq = pack_sequence([torch.arange(6.).view(3, 2).to(device), torch.ones(2, 2).to(device)])
+        return y, out_lengths, x.grad, rnn.weight_ih_l0.grad, seq.batch_sizes, seq.data
+
+    for got, want in zip(run(dev), run("cpu")):
+        assert got.device.type == ("cpu" if want.dtype == torch.int64 else "lazy")
+        assert_same(got, want, rtol=1e-5, atol=1e-6)

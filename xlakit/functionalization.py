@@ -333,6 +333,33 @@ def _one_hot(self, num_classes=-1):
     return wrap(out) if functional else out
 
 
+def _pack_padded_sequence(input, lengths, batch_first):
+    """Packing keeps its batch sizes on the host, as eager's does for every device (packed
+    RNNs read them there): eager's own kernel gives them, and its checks, from a
+    one-feature host tensor of the input's shape; the data are the input's rows, gathered
+    by ops autograd records."""
+    shape = (*input.shape[:2], 1)
+    _, batch_sizes = aten._pack_padded_sequence.default(torch.empty(shape), lengths, batch_first)
+    steps = input.transpose(0, 1) if batch_first else input
+    return torch.cat([steps[t, :size] for t, size in enumerate(batch_sizes.tolist())]), batch_sizes
+
+
+def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length):
+    """Unpacking: eager's kernel on the host says the lengths and checks the sizes; the
+    padded output is built from the data's rows by ops autograd records."""
+    _, lengths = aten._pad_packed_sequence.default(torch.empty(data.shape[0], 1), batch_sizes, batch_first,
+                                                   padding_value, total_length)
+    sizes = batch_sizes.tolist()
+    steps = max(total_length, len(sizes))
+    rows, start = [], 0
+    for size in sizes + [0] * (steps - len(sizes)):
+        rows.append(torch.cat([data[start:start + size],
+                               data.new_full((len(lengths) - size, *data.shape[1:]), padding_value)]))
+        start += size
+    padded = torch.stack(rows)
+    return (padded.transpose(0, 1) if batch_first else padded), lengths
+
+
 _LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
 
 
@@ -357,4 +384,6 @@ def register_kernels() -> None:
             functionalize.impl(op, _host_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
     autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
     autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
+    autograd.impl("_pack_padded_sequence", _pack_padded_sequence)
+    autograd.impl("_pad_packed_sequence", _pad_packed_sequence)
     _LIBRARIES.extend((lazy, functionalize, autograd))
