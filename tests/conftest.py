@@ -20,6 +20,17 @@ import torch  # noqa: E402
 import xlakit  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def shell():
+    """A real IPython shell with xlakit's magics loaded (the notebook tests drive it)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_cell("%load_ext xlakit", store_history=True)
+    ip.run_cell("import torch, xlakit\ndev = xlakit.device()", store_history=True)
+    return ip
+
+
 @pytest.fixture
 def dev():
     xlakit.mark_step()

@@ -6,7 +6,6 @@ import pytest
 import torch
 from conftest import assert_same
 
-import xlakit
 
 HALF = [torch.float16, torch.bfloat16]
 SCALARS = [65536.0, 1e-8, 1e5, 3.0, -1e-6]

@@ -167,7 +167,7 @@ class Program:
             {"add_": lambda: e.add_(c), "mul_": lambda: e.mul_(c), "fill_": lambda: e.fill_(c),
              "copy_": lambda: e.copy_(x.clone())}[op]()
         elif kind == "half_scalar":
-            x, dtype, op, c = self.t(a[0]).to(a[1]), a[1], a[2], a[3]
+            x, op, c = self.t(a[0]).to(a[1]), a[2], a[3]
             result = {"mul": lambda: x * c, "div": lambda: x / c, "add": lambda: x + c}[op]()
             self.pool.append(result.to(torch.float32).nan_to_num(posinf=1e4, neginf=-1e4) / 1e4)
         elif kind == "random":

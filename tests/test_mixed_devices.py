@@ -5,7 +5,6 @@ import pytest
 import torch
 from conftest import assert_same
 
-import xlakit
 
 
 # -- 10: a lazy tensor written into a CPU tensor ----------------------------------

@@ -4,19 +4,10 @@ import traceback
 
 import pytest
 import torch
-from IPython.core.interactiveshell import InteractiveShell
 from IPython.utils.capture import capture_output
 
 import xlakit
 from xlakit import sources
-
-
-@pytest.fixture(scope="module")
-def shell():
-    ip = InteractiveShell.instance()
-    ip.run_cell("%load_ext xlakit", store_history=True)
-    ip.run_cell("import torch, xlakit\ndev = xlakit.device()", store_history=True)
-    return ip
 
 
 def run(shell, source):

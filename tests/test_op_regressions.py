@@ -97,9 +97,9 @@ def _max_unpool(x):
     return F.max_unpool2d(pooled, indices, 2)
 
 
-def _embedding_bag(x):
-    return F.embedding_bag(torch.tensor([0, 2, 1, 3]), x, torch.tensor([0, 2]), mode="sum",
-                           per_sample_weights=torch.tensor([1.0, 2.0, 3.0, 4.0]))
+def _embedding_bag(x):  # its indices, offsets and weights on x's device (eager refuses CPU ones beside CUDA)
+    return F.embedding_bag(torch.tensor([0, 2, 1, 3], device=x.device), x, torch.tensor([0, 2], device=x.device),
+                           mode="sum", per_sample_weights=torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device))
 
 
 def _antialiased_resize(x):
