@@ -10,7 +10,9 @@ xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
+import functools
 import math
+import re
 
 import torch
 import torch._decomp
@@ -143,10 +145,18 @@ def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     return data
 
 
-# c10's names of the types in its message
-_C10_NAMES = {torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int", torch.int64: "int64_t",
-              torch.uint8: "uint8_t", torch.float16: "at::Half", torch.bfloat16: "at::BFloat16", torch.float32: "float",
-              torch.float64: "double", torch.complex64: "c10::complex<float>", torch.complex128: "c10::complex<double>"}
+@functools.cache
+def _c10_name(dtype: torch.dtype) -> str:
+    """c10's name of dtype in eager's overflow message (`at::Half` in torch 2.9, `c10::Half` in
+    2.13): asked of eager, which checks a fill of two elements."""
+    probe = 1e300 if dtype.is_floating_point or dtype.is_complex else 2 ** 62
+    try:
+        torch.full((2,), probe, dtype=dtype)
+    except RuntimeError as e:
+        found = re.search(r"to type (.+) without overflow", str(e))
+        if found:
+            return found.group(1)
+    return str(dtype)
 
 
 def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
@@ -167,7 +177,7 @@ def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
         if _overflows(value, dtype):
             where = sources.describe(sources.capture())
             raise RuntimeError(
-                f"{func}: value cannot be converted to type {_C10_NAMES.get(dtype, dtype)} without overflow: "
+                f"{func}: value cannot be converted to type {_c10_name(dtype)} without overflow: "
                 f"{name}={value!r} does not fit {dtype}" + (f" (at {where})" if where else "")
                 + ". Pass a value in the tensor's range, or cast the tensor to a wider dtype first.")
 
@@ -404,7 +414,9 @@ def _record(func, args, kwargs):
     if info.shape_only_random:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
         # input's shape alone: nothing to sync, no graph split
-        like = [torch.empty(a.shape, dtype=a.dtype) if isinstance(a, LazyTensor) else a for a in args]
+        # with the input's strides: a *_like draw fills memory in the order eager's empty_like lays out
+        like = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype) if isinstance(a, LazyTensor) else a
+                for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
     host = next((t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)
@@ -613,7 +625,7 @@ def _native_dropout(x, p, train=None):
     next state are eager's for the same seed."""
     if train is False or x.numel() == 0:
         return alias(x), from_host(torch.ones(x.shape, dtype=torch.bool))
-    noise = torch.empty(x.shape, dtype=x.dtype).bernoulli_(1 - p)
+    noise = torch.empty_like(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)).bernoulli_(1 - p)
     if p < 1:  # p == 1 drops everything (native_dropout's scale is 0)
         noise.div_(1 - p)
     noise = from_host(noise)

@@ -101,7 +101,9 @@ def _functionalized_inplace(inplace, functional):
                 raise _host_written(inplace, self)
             with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
                 return inplace(self, *args, **kwargs)
-        _check_writable(inplace, (self, *args), kwargs)
+        result = _write_overlapping(inplace, (self, *args), kwargs)
+        if result is not None:
+            return result
         with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
             out = functional(unwrapped(self), *inner_args, **inner_kwargs)
         if out.shape != self.shape:
@@ -144,18 +146,9 @@ def _host_written(op, written: torch.Tensor) -> RuntimeError:
 
 
 def _overlapping(t: torch.Tensor) -> bool:
-    """Whether two elements of t are one memory location: eager's `has_internal_overlap` says Yes."""
+    """Whether two elements of t are one memory location by a stride of 0 (an expand):
+    eager's `has_internal_overlap` says Yes."""
     return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
-
-
-_REFUSES_OVERLAP: dict = {}
-
-
-# Writes whose result does not read what they overwrite: through overlapping windows they
-# give eager's values (as_strided_scatter's lowering writes the changed elements).
-_ASSIGNMENTS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default,
-                aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_fill_.int_Scalar,
-                aten.index_fill_.int_Tensor}
 
 
 def _may_overlap(t: torch.Tensor) -> bool:
@@ -169,32 +162,54 @@ def _may_overlap(t: torch.Tensor) -> bool:
     return False
 
 
-def _check_writable(op, args, kwargs) -> None:
-    """Eager's error for an in-place write to an expanded tensor, where eager's kernel gives it
-    (fill_ and zero_ write such a tensor): asked once per op, on a small expanded CPU tensor.
-    An update that reads what it writes through overlapping windows (an unfold with step <
-    size) is applied by eager element by element in memory order: xlakit says so and stops."""
-    if not _may_overlap(args[0]):
-        return
-    if not _overlapping(args[0]):
+# Writes whose result does not read what they overwrite: through overlapping windows they
+# give eager's values (as_strided_scatter's lowering writes the changed elements).
+_ASSIGNMENTS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default,
+                aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_fill_.int_Scalar,
+                aten.index_fill_.int_Tensor}
+_REFUSES_OVERLAP: dict = {}  # op -> whether eager refuses to write an expanded tensor
+
+
+def _write_overlapping(op, args, kwargs):
+    """An in-place write to a lazy tensor whose elements share memory, as eager does it, or
+    None when torch's kernel gives eager's result.
+
+    Functionalization's inverse of expand adds the copies of an element up (sum_to). Where
+    eager refuses such a write (asked once per op, on a small expanded CPU tensor), its error;
+    where it writes (fill_, masked_fill_, ...), the op runs on a dense copy, then the copy is
+    written through the as_strided view of the base, which holds each location once: a
+    scatter of the changed elements (as_strided_scatter's lowering).
+    Through overlapping windows (an unfold with step < size), an assignment is such a
+    scatter already (see _unfold); an update that reads what it writes is applied by eager
+    element by element in memory order: xlakit says so and stops."""
+    self = args[0]
+    if self.device.type != "lazy" or not _may_overlap(self):
+        return None
+    where = sources.describe(sources.capture())
+    at = f" (at {where})" if where else ""
+    if not _overlapping(self):
         if op in _ASSIGNMENTS or (op is aten.index_put_.default and not (args[3:4] or [kwargs.get("accumulate")])[0]):
-            return
-        where = sources.describe(sources.capture())
+            return None
         raise RuntimeError(f"{op}: xlakit does not update a view whose elements overlap (an unfold with step < "
                            "size) in place: eager torch applies the update element by element in memory order. "
-                           "clone() the view first, or assign to it (view[...] = value)"
-                           + (f" (at {where})" if where else "") + ".")
+                           f"clone() the view first, or assign to it (view[...] = value){at}.")
     refuses = _REFUSES_OVERLAP.get(op)
     if refuses is None:
         refuses = _REFUSES_OVERLAP[op] = _eager_refuses_overlap(op, args, kwargs)
     if refuses:
-        where = sources.describe(sources.capture())
         raise RuntimeError(f"{op}: unsupported operation: more than one element of the written-to tensor refers "
-                           "to a single memory location. Please clone() the tensor before performing the operation"
-                           + (f" (at {where})" if where else "") + ".")
-
-
-_FILLS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default}
+                           f"to a single memory location. Please clone() the tensor before performing the operation{at}.")
+    base = _row_major_base(self)
+    if base is None:
+        return None
+    dense = self.clone(memory_format=torch.contiguous_format)
+    op(dense, *args[1:], **kwargs)
+    view = aten.as_strided.default(base, self.shape, self.stride(), self.storage_offset())
+    torch._sync(dense)
+    torch._functionalize_replace(view, torch._from_functional_tensor(dense))
+    torch._functionalize_commit_update(view)
+    torch._sync(view)
+    return self
 
 
 def _row_major_base(t: torch.Tensor) -> torch.Tensor | None:
@@ -202,19 +217,6 @@ def _row_major_base(t: torch.Tensor) -> torch.Tensor | None:
     base = t._base if t._base is not None else t
     dense = base.storage_offset() == 0 and base.stride() == torch.empty(base.shape, device="meta").stride()
     return base if dense and base.device.type == "lazy" and torch._is_functional_tensor(base) else None
-
-
-def _fill_expanded(op, args, kwargs):
-    """fill_ of an expanded view, as eager writes it: each memory location once. Through the
-    expand, functionalization's inverse would add the copies up (sum_to); written through
-    the as_strided view of the base that holds each location once, it is a scatter."""
-    self = args[0]
-    base = _row_major_base(self)
-    if base is None:
-        return None
-    shape = [1 if stride == 0 else size for size, stride in zip(self.shape, self.stride())]
-    op(aten.as_strided.default(base, shape, self.stride(), self.storage_offset()), *args[1:], **kwargs)
-    return self
 
 
 def _eager_refuses_overlap(op, args, kwargs) -> bool:
@@ -256,11 +258,9 @@ def _host_writes(op, original):
     def kernel(keyset, *args, **kwargs):
         targets = picked(written, args, kwargs)
         if inplace and isinstance(args[0], torch.Tensor) and torch._is_functional_tensor(args[0]):
-            if op in _FILLS and _overlapping(args[0]):
-                filled = _fill_expanded(op, args, kwargs)
-                if filled is not None:
-                    return filled
-            _check_writable(op, args, kwargs)
+            result = _write_overlapping(op, args, kwargs)
+            if result is not None:
+                return result
         if all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
                 or not _reads_lazy(picked(read, args, kwargs)):
             if any(i < len(args) and not isinstance(args[i], torch.Tensor) for i in tensor_positions):
