@@ -198,3 +198,14 @@ def test_gradient_clipping_with_foreach_equals_eager(dev, clip):
         assert_same(got_norm, want_norm, rtol=1e-5, atol=1e-6)
     for g, w in zip(got, want):
         assert_same(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_saved_clone_loads_as_a_tensor_of_its_own(dev, tmp_path):
+    # a clone shares its value with the original on the device (values are immutable), not its storage
+    a = torch.arange(3.).to(dev)
+    torch.save({"a": a, "clone": a.clone(), "detached": a.detach()}, tmp_path / "t.pt")
+    loaded = torch.load(tmp_path / "t.pt")
+    loaded["clone"].add_(10)
+    assert loaded["a"].tolist() == [0.0, 1.0, 2.0]  # as eager: the clone's write changes only the clone
+    loaded["detached"].add_(1)
+    assert loaded["a"].tolist() == [1.0, 2.0, 3.0]  # a detach() shares a's storage, in eager and here

@@ -6,9 +6,9 @@ storage; a lazy tensor (a functional wrapper) has none, and torch.save failed
 ("Attempted to access the data pointer on an invalid python storage"). Here a
 lazy tensor is pickled as its host copy. torch.save itself first computes the
 lazy tensors it is given in one partial sync (never donating, as every
-partial sync), and within one save, tensors that share a value (a state
-dict's tied weights: two `detach()`es of one parameter) are written as one
-storage, as eager torch writes them.
+partial sync), and within one save, tensors that share a storage and a layout
+(a state dict's tied weights: two `detach()`es of one parameter) are written as
+one storage, as eager torch writes them.
 """
 from __future__ import annotations
 
@@ -34,10 +34,13 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     copies = _SAVING.copies
     if copies is None:  # pickled outside torch.save (pickle.dumps, copy.copy)
         return to_host(inner, trigger="save")
-    state = inner._state
-    if id(state) not in copies:
-        copies[id(state)] = (state, to_host(inner, trigger="save"))
-    return copies[id(state)][1]
+    # one storage and one layout: one tensor of eager's (a tied weight's two detach()es); a
+    # clone holds the same value but a storage of its own, and is written on its own
+    key = ((t.untyped_storage()._cdata, tuple(t.shape), t.stride(), t.storage_offset())
+           if torch._is_functional_tensor(t) else id(inner._state))
+    if key not in copies:
+        copies[key] = (t, to_host(inner, trigger="save"))  # t kept alive: its storage's id stays its own
+    return copies[key][1]
 
 
 def _reduce_ex_internal(reduce):
