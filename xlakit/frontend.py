@@ -419,10 +419,9 @@ def _record(func, args, kwargs):
                 for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
-    host = next((t for t in tensors if isinstance(t, torch.Tensor) and not isinstance(t, LazyTensor)
-                 and t.dim() and not info.cpu_indices), None)
-    if host is not None:
-        return _with_host_tensor(func, args, kwargs, template, tensors, signature, host)
+    for t in tensors:  # a loop, not a generator: this runs for every recorded op
+        if t.__class__ is not LazyTensor and isinstance(t, torch.Tensor) and t.dim() and not info.cpu_indices:
+            return _with_host_tensor(func, args, kwargs, template, tensors, signature, t)
     if info.cpu_indices and any(i is not None and i.dtype is torch.uint8 for i in args[1]):
         return run_eagerly(func, args, kwargs, reason="a uint8 index is deprecated: eager's own path, warning "
                                                       "and errors (its meta kernel rejects it)")

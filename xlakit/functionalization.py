@@ -253,23 +253,30 @@ def _host_writes(op, original):
         return [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,))]  # _foreach_*_ lists
 
     tensor_positions = tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor" and not a.kwarg_only)
-    inplace = bool(written) and written[0][0] == 0 and not arguments[0].kwarg_only
+    inplace = len(written) == 1 and written[0][0] == 0 and not arguments[0].kwarg_only  # self alone written
 
     def kernel(keyset, *args, **kwargs):
-        targets = picked(written, args, kwargs)
-        if inplace and isinstance(args[0], torch.Tensor) and torch._is_functional_tensor(args[0]):
+        # Every in-place op on the device comes here: the usual case (a functional self, the only
+        # tensor written, laid out so no two elements meet) allocates nothing on its way through,
+        # as each allocation brings Python's collector nearer.
+        self = args[0] if inplace else None
+        if not (isinstance(self, torch.Tensor) and torch._is_functional_tensor(self)):
+            targets = picked(written, args, kwargs)
+            if not all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
+                    and _reads_lazy(picked(read, args, kwargs)):
+                host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
+                if op is not aten.copy_.default:
+                    raise _host_written(op, host)
+                return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
+        elif not self.is_contiguous():  # a contiguous tensor has no two elements in one place
             result = _write_overlapping(op, args, kwargs)
             if result is not None:
                 return result
-        if all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
-                or not _reads_lazy(picked(read, args, kwargs)):
-            if any(i < len(args) and not isinstance(args[i], torch.Tensor) for i in tensor_positions):
+        for i in tensor_positions:
+            if i < len(args) and not isinstance(args[i], torch.Tensor):
                 args = _numbers_as_tensors(args, tensor_positions)
-            return original.call_boxed(keyset, *args, **kwargs)
-        host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
-        if op is not aten.copy_.default:
-            raise _host_written(op, host)
-        return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
+                break
+        return original.call_boxed(keyset, *args, **kwargs)
     return kernel
 
 
