@@ -242,8 +242,9 @@ def _zeros_like_on_host(v):
     return v
 
 
-def _host_writes(op, original):
-    """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one."""
+def _checked_writes(op, original):
+    """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one or a
+    lazy tensor whose elements share memory (see above)."""
     arguments = op._schema.arguments
     written = tuple((i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
     read = tuple((i, a.name) for i, a in enumerate(arguments) if not (a.alias_info and a.alias_info.is_write))
@@ -388,7 +389,7 @@ def register_kernels() -> None:
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
         for name in _writing_ops({inplace._schema.name for inplace, _ in own}):
             op = torch._library.utils.lookup_op(name)
-            functionalize.impl(op, _host_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
+            functionalize.impl(op, _checked_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
     autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
     autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
     autograd.impl("_pack_padded_sequence", _pack_padded_sequence)
