@@ -44,10 +44,11 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, state: LiveValue, layout: Layout | None = None):
-        # A functional wrapper reports its inner tensor's strides and storage offset, and
-        # contiguous(), reshape() and view() decide by them whether to copy: they must be
-        # eager's (a transposed view that said it was contiguous was returned by
-        # contiguous() itself, and writes to the "copy" changed its base).
+        # A functional wrapper takes its inner tensor's strides and storage offset (a view's
+        # wrapper, those of its view op on meta), and contiguous(), reshape() and view()
+        # decide by them whether to copy: they must be eager's (a transposed view that said
+        # it was contiguous was returned by contiguous() itself, and writes to the "copy"
+        # changed its base).
         if layout is None:
             t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
         else:
