@@ -209,3 +209,14 @@ def test_a_saved_clone_loads_as_a_tensor_of_its_own(dev, tmp_path):
     assert loaded["a"].tolist() == [0.0, 1.0, 2.0]  # as eager: the clone's write changes only the clone
     loaded["detached"].add_(1)
     assert loaded["a"].tolist() == [1.0, 2.0, 3.0]  # a detach() shares a's storage, in eager and here
+
+
+def test_random_draws_on_a_transposed_tensor_are_eagers(dev):
+    # eager's empty_like keeps the input's layout and a draw fills memory in order: found by make fuzz
+    results = []
+    for device in ("cpu", dev):
+        x = torch.arange(20.).view(4, 5).to(device).t().contiguous().t()
+        torch.manual_seed(5)
+        results.append((nn.functional.dropout(x, 0.5).cpu(), torch.rand_like(x).cpu(), torch.rand(2)))
+    for got, want in zip(results[1], results[0]):
+        assert torch.equal(got, want)

@@ -413,10 +413,8 @@ def _record(func, args, kwargs):
         return info.decomposition(*args, **kwargs)
     if info.shape_only_random:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
-        # input's shape alone: nothing to sync, no graph split
-        # with the input's strides: a *_like draw fills memory in the order eager's empty_like lays out
-        like = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype) if isinstance(a, LazyTensor) else a
-                for a in args]
+        # input's shape and layout alone: nothing to sync, no graph split
+        like = [_host_like(a) if isinstance(a, LazyTensor) else a for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
     template, tensors, signature = _split(func, info, args, kwargs)
     for t in tensors:  # a loop, not a generator: this runs for every recorded op
@@ -616,6 +614,12 @@ def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
     return None
 
 
+def _host_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized host tensor laid out as t: a draw into its empty_like fills memory
+    in the order eager's does, so a transposed input gets eager's values in eager's places."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+
 def _native_dropout(x, p, train=None):
     """Dropout as eager CPU computes it. torch sends dropout on the lazy device
     to native_dropout (its fused kernel, as on CUDA); on CPU it draws
@@ -624,7 +628,7 @@ def _native_dropout(x, p, train=None):
     next state are eager's for the same seed."""
     if train is False or x.numel() == 0:
         return alias(x), from_host(torch.ones(x.shape, dtype=torch.bool))
-    noise = torch.empty_like(torch.empty_strided(x.shape, x.stride(), dtype=x.dtype)).bernoulli_(1 - p)
+    noise = torch.empty_like(_host_like(x)).bernoulli_(1 - p)
     if p < 1:  # p == 1 drops everything (native_dropout's scale is 0)
         noise.div_(1 - p)
     noise = from_host(noise)

@@ -376,6 +376,11 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+class _OpenCaptures(threading.local):
+    def __init__(self):
+        self.open: list[list[StepRecord]] = []
+
+
 class StepLog:
     """The one log of StepRecords, the engine's and torch_xla's adapter's alike.
 
@@ -388,7 +393,7 @@ class StepLog:
     def __init__(self):
         self.records: collections.deque[StepRecord] = collections.deque(maxlen=config.record_limit)
         self.next_index = 0                     # the index the next record takes
-        self._threads = threading.local()       # .open: the lists of this thread's captures now open
+        self._threads = _OpenCaptures()         # .open: the lists of this thread's captures now open
 
     def append(self, record: StepRecord) -> None:
         if record.index != self.next_index:
@@ -397,7 +402,7 @@ class StepLog:
             self.records = collections.deque(self.records, maxlen=config.record_limit)
         self.records.append(record)
         self.next_index += 1
-        for steps in self._open():
+        for steps in self._threads.open:
             steps.append(record)
 
     def clear(self) -> None:
@@ -409,14 +414,9 @@ class StepLog:
         """`with log.capture() as steps:` -- `steps` is a list that receives every
         record this thread appends until the block ends (also when it raises); captures nest."""
         steps: list[StepRecord] = []
-        open_ = self._open()
+        open_ = self._threads.open
         open_.append(steps)
         try:
             yield steps
         finally:
             del open_[next(i for i, s in enumerate(open_) if s is steps)]
-
-    def _open(self) -> list[list[StepRecord]]:
-        if not hasattr(self._threads, "open"):
-            self._threads.open = []
-        return self._threads.open
