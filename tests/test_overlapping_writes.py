@@ -51,7 +51,7 @@ UNFOLD_WRITES = {
     "overlapping last column": lambda b: b.unfold(0, 4, 3).__setitem__((slice(None), 3), -1),
     "overlapping window": lambda b: b.unfold(0, 4, 3).__setitem__(1, 7.0),
     "gapped windows": lambda b: b.unfold(0, 2, 3).__setitem__((slice(None), 0), -1),
-    "uncovered tail": lambda b: b.unfold(0, 3, 3).mul_(2),
+    "uncovered tail": lambda b: b.unfold(0, 5, 5).mul_(2),  # elements 10 and 11 in no window
     "of a view": lambda b: b.view(2, 6)[1:].unfold(1, 3, 1).__setitem__((slice(None), 1, 0), -5.0),
     "of a transposed view": lambda b: b.view(3, 4).t().unfold(0, 2, 1).__setitem__((slice(None), slice(None), 0),
                                                                                       0.0),
