@@ -220,7 +220,7 @@ def memory():
                 nn.functional.mse_loss(model(x), y).backward()
                 opt.step()
                 xlakit.mark_step()
-        entry = xlakit.engine.current().cache.get(steps[-1].key)
+        entry = xlakit.engine.executor.current().cache.get(steps[-1].key)
         mem = entry.compiled.memory_analysis()
         peak = mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes \
             + mem.temp_size_in_bytes

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import xlakit
-from xlakit import engine, frontend
+from xlakit.engine import executor
+from xlakit.front import recorder
 from xlakit.notebook import render, sharding_view
 
 TOL = dict(rtol=2e-4, atol=2e-5)  # tests/test_real_models.py's: sharded sums add in another order
@@ -304,7 +305,7 @@ def reads_gather_sharded_values() -> None:
     torch.testing.assert_close(x.cpu(), eager)
     torch.testing.assert_close(x[1:3, :, 2:6].sum(dim=(0, 2)).cpu(), eager[1:3, :, 2:6].sum(dim=(0, 2)))
     # what the record says is where JAX put the pieces: each device's index
-    array = engine.current().read(frontend.unwrap(x)._state).array
+    array = executor.current().read(recorder.unwrap(x)._state).array
     info = xlakit.last_step().shardings
     t = next(t for t in info.inputs if t.shape == (4, 6, 8))
     _assert_blocks_match(info.mesh, t, array)
@@ -369,7 +370,7 @@ def mlp_for_torch_xla() -> dict:
     tensors = {"0.weight": model[0].weight, "0.bias": model[0].bias, "2.weight": model[2].weight, "x": x}
     shards = {}
     for name, t in tensors.items():
-        array = engine.current().read(frontend.unwrap(t)._state).array
+        array = executor.current().read(recorder.unwrap(t)._state).array
         shards[name] = {s.device.id: [[sl.start or 0, sl.stop or n] for sl, n in zip(s.index, t.shape)]
                         for s in array.addressable_shards}
     labels = [p.label for p in records[-1].graph.params]

@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
-from xlakit import amp
+from xlakit.front import autocast as amp
 
 BF16 = dict(rtol=1.6e-2, atol=1e-2)  # bf16 keeps 8 significant bits; sums differ in order by an ulp or two
 

@@ -5,11 +5,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
-from xlakit import ops
-from xlakit.engine import StepFailedError
+from xlakit.engine.executor import StepFailedError
+from xlakit.lowerings import policy
 
 
 def test_shape_error_names_op_and_line_and_engine_keeps_working(dev):
@@ -30,9 +30,10 @@ def test_mixing_lazy_and_cpu_tensors_is_an_error(dev):
 @pytest.fixture
 def broken_sinh(monkeypatch):
     """sinh's lowering raises (fault injection into xlakit's lowering table)."""
-    from xlakit import eager, lowerings, ops
+    from xlakit import lowerings
+    from xlakit.lowerings import eager, policy
     monkeypatch.setattr(eager, "WARNED", set())  # each op warns once per process
-    monkeypatch.setattr(ops, "FAILED", set())  # the op is remembered as failed in this test only
+    monkeypatch.setattr(policy, "FAILED", set())  # the op is remembered as failed in this test only
 
     def broken(*args, **kwargs):
         raise ValueError("injected lowering fault")
@@ -108,7 +109,7 @@ def test_as_strided_past_the_tensor_raises_as_eager_does(dev):
 
 
 def test_strict_lowering_turns_fallback_into_an_error(dev, monkeypatch):
-    from xlakit import eager
+    from xlakit.lowerings import eager
     monkeypatch.setattr(eager, "WARNED", set())  # each op warns once per process
     monkeypatch.setattr(xlakit.config, "strict_lowering", True)
     x = torch.tensor([1.0, 0.0, 2.0], device=dev)
@@ -465,7 +466,7 @@ def test_bad_indices_across_shapes_raise_as_eager_does(dev, name):
             assert isinstance(got, type(want)), case
             assert 0 in shape[dim:dim + 1] or str(want).splitlines()[0] in str(got), case
     # a lowering that failed would run its op eagerly for the rest of the process: none did
-    assert not any(id(op) in ops.FAILED for op in (aten.index.Tensor, aten.index_select.default,
+    assert not any(id(op) in policy.FAILED for op in (aten.index.Tensor, aten.index_select.default,
                                                    aten.index_put.default)), fallbacks
 
 

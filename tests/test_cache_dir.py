@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from xlakit import cache
+from xlakit.engine import cache
 
 PROGRAM = """
 import torch, xlakit

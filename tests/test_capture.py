@@ -60,7 +60,7 @@ def test_capture_outlives_the_log_bound(dev, monkeypatch):
 
 def test_torch_xla_adapter_records_go_into_the_same_log(dev):
     torch_xla = pytest.importorskip("torch_xla")
-    from xlakit import torch_xla as adapter
+    from xlakit.integrations import torch_xla as adapter
 
     tdev = torch_xla.device()
     with xlakit.capture() as steps:

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import xlakit
-from xlakit import lowering
-from xlakit.engine import current, StepExecutionError, StepFailedError
+
+from xlakit.engine.cache import private_dir
+from xlakit.engine.executor import StepExecutionError, StepFailedError, current
+from xlakit.lowerings import to_jax
 
 PROGRAM = ("import torch, xlakit, warnings\nwarnings.simplefilter('always')\n"
            "x = torch.arange(5.0).to(xlakit.device())\ny = (x * 7).cos().sum()\nxlakit.mark_step()\n"
@@ -42,7 +44,7 @@ def test_keyboard_interrupt_during_compile_leaves_the_engine_consistent(dev, mon
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lowering, "lower", interrupted)
+    monkeypatch.setattr(to_jax, "lower", interrupted)
     with pytest.raises(KeyboardInterrupt):
         xlakit.mark_step()
     monkeypatch.undo()
@@ -101,7 +103,7 @@ def test_full_disk_warns_and_recompiles_and_leaves_no_half_written_entries(tmp_p
     assert "Error writing persistent compilation cache entry" in full.stderr and "File too large" in full.stderr
     assert full.stdout.split() == ["miss", _eager_value()]
     # JAX writes in place; what it cut short was removed
-    assert not list(xlakit.cache.private_dir(str(cache)).glob("*-cache"))
+    assert not list(private_dir(str(cache)).glob("*-cache"))
     again = _run(str(cache))  # disk space back: no corrupt entry to trip over, the entry is written
     assert again.returncode == 0 and "Error" not in again.stderr, again.stderr
     assert again.stdout.split() == ["miss", _eager_value()]

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import xlakit
-from xlakit import dynamo
+from xlakit.integrations import dynamo
 from xlakit.notebook import graph_svg
 
 
@@ -110,7 +110,7 @@ def test_training_step_through_torch_compile_matches_eager():
 def test_backend_is_found_through_the_entry_point_without_importing_xlakit():
     program = ("import torch\nf = torch.compile(lambda x: (x * 3).sin(), backend='xlakit')\n"
                "x = torch.arange(4.0)\nassert torch.allclose(f(x), (x * 3).sin())\n"
-               "import sys\nprint('xlakit.dynamo' in sys.modules)")
+               "import sys\nprint('xlakit.integrations.dynamo' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "True"
 

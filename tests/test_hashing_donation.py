@@ -8,7 +8,9 @@ import textwrap
 import torch
 
 import xlakit
-from xlakit import engine, frontend
+from xlakit.engine import executor
+from xlakit.engine.cache import private_dir
+from xlakit.front import recorder
 from xlakit.notebook import render
 
 
@@ -153,7 +155,7 @@ def test_persistent_cache_hits_in_a_new_process(tmp_path):
     assert first[0] == "miss" and second[0] == "persistent_hit"
     assert first[1] == second[1], "keys must be stable across processes and hash seeds"
     assert first[2] == second[2]
-    assert (xlakit.cache.private_dir(str(cache_dir)).stat().st_mode & 0o777) == 0o700
+    assert (private_dir(str(cache_dir)).stat().st_mode & 0o777) == 0o700
 
 
 def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):
@@ -162,7 +164,7 @@ def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):
 
 
 def test_repeated_step_runs_no_shape_inference(dev):
-    from xlakit import frontend
+    from xlakit.front import recorder
 
     def step(w, g):
         w.mul_(0.9).add_(g.tanh(), alpha=-0.1)
@@ -171,9 +173,9 @@ def test_repeated_step_runs_no_shape_inference(dev):
     w, g = torch.ones(4, 4, device=dev), torch.ones(4, 4, device=dev)
     xlakit.mark_step()
     step(w, g)
-    memo_size = len(frontend._SHAPES)
+    memo_size = len(recorder._SHAPES)
     step(w, g)
-    assert len(frontend._SHAPES) == memo_size
+    assert len(recorder._SHAPES) == memo_size
     assert xlakit.last_step().cache == "hit"
 
 
@@ -225,7 +227,7 @@ def test_only_the_newest_records_are_kept(dev, monkeypatch):
 
 
 def _buffer_address(t: torch.Tensor) -> int:
-    return engine.current().read(frontend.unwrap(t)._state).array.unsafe_buffer_pointer()
+    return executor.current().read(recorder.unwrap(t)._state).array.unsafe_buffer_pointer()
 
 
 def test_each_donor_is_updated_in_place(dev):
@@ -301,7 +303,7 @@ def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(tmp_path):
     assert "miss" in [cache for cache, _ in first["records"]]
     assert {cache for cache, _ in second["records"]} <= {"persistent_hit", "hit"}
     assert all(lower == 0.0 for _, lower in second["records"])
-    assert list((xlakit.cache.private_dir(str(tmp_path / "cache")) / "xlakit-executables").glob("*.pickle"))
+    assert list((private_dir(str(tmp_path / "cache")) / "xlakit-executables").glob("*.pickle"))
 
 
 def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
@@ -328,7 +330,7 @@ def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(tmp_pat
         return json.loads(done.stdout)
 
     run()
-    for stored in (xlakit.cache.private_dir(str(cache)) / "xlakit-executables").glob("*.pickle"):
+    for stored in (private_dir(str(cache)) / "xlakit-executables").glob("*.pickle"):
         stored.unlink()
     assert run()["same_as_eager"]  # served by JAX's cache
     last = run()

@@ -5,10 +5,10 @@ give eager's values)."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
-from xlakit import eager
+from xlakit.lowerings import eager
 
 aten = torch.ops.aten
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import xlakit
-from xlakit import eager, lowerings
+from xlakit import lowerings
+from xlakit.lowerings import eager
 
 aten = torch.ops.aten
 nan, inf = float("nan"), float("inf")

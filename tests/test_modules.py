@@ -4,9 +4,9 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
 
 TOL = dict(rtol=2e-4, atol=2e-5)
 
@@ -208,7 +208,7 @@ def test_random_ops_are_seeded_and_have_the_right_statistics(dev):
 
 
 def test_op_without_lowering_falls_back_and_is_recorded(dev, monkeypatch):
-    from xlakit import eager
+    from xlakit.lowerings import eager
     monkeypatch.setattr(eager, "WARNED", set())  # each op warns once per process
     x = torch.tensor([3.0, 1.0, 2.0], device=dev) * 2
     with pytest.warns(UserWarning, match="runs eagerly on CPU"):

@@ -7,7 +7,7 @@ import torch
 from IPython.utils.capture import capture_output
 
 import xlakit
-from xlakit import sources
+from xlakit.core import sources
 
 
 def run(shell, source):

@@ -1,11 +1,11 @@
-"""Ops the OpInfo sweep (python -m xlakit.opinfo) found wrong or failing, eagerly and through xlakit."""
+"""Ops the OpInfo sweep (python -m xlakit.integrations.opinfo) found wrong or failing, eagerly and through xlakit."""
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
-from xlakit import eager, ops
+from xlakit.lowerings import eager, policy
 
 aten = torch.ops.aten
 
@@ -116,7 +116,7 @@ ONCE_CRASHING = {f.__name__.lstrip("_"): f for f in (_lu, _solve, _lu_unpack, _s
 @pytest.mark.parametrize("name", sorted(ONCE_CRASHING))
 def test_ops_whose_old_lowering_crashed_equal_eager(dev, monkeypatch, name):
     # the first call in a process, as users meet it
-    monkeypatch.setattr(ops, "FAILED", set())
+    monkeypatch.setattr(policy, "FAILED", set())
     monkeypatch.setattr(eager, "WARNED", set())
     torch.manual_seed(0)
     x = torch.randn(4, 4)

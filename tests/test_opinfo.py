@@ -1,11 +1,11 @@
 """A bounded OpInfo sweep in CI: common ops are correct or a clean CPU fallback, never silently wrong.
 
-The full sweep (`python -m xlakit.opinfo`) writes docs/op_coverage.md.
+The full sweep (`python -m xlakit.integrations.opinfo`) writes docs/op_coverage.md.
 """
 import pytest
 import torch
 
-from xlakit import opinfo
+from xlakit.integrations import opinfo
 
 pytest.importorskip("expecttest")  # torch.testing's OpInfo database needs it
 

@@ -1,11 +1,12 @@
-"""The op table (xlakit/ops.py): every entry names a real aten op, and the
+"""The op table (xlakit/lowerings/policy.py): every entry names a real aten op, and the
 frontend and lowering implement exactly what it names."""
 import torch
-
 import torch._decomp
 
-from xlakit import lowering, lowerings, ops
-from xlakit.ops import Handling
+from xlakit import lowerings
+from xlakit.lowerings import policy as ops
+from xlakit.lowerings import to_jax
+from xlakit.lowerings.policy import Handling
 
 aten = torch.ops.aten
 
@@ -46,11 +47,11 @@ def test_every_lowering_names_an_existing_op_and_overload():
 
 
 def test_lowering_follows_the_table():
-    assert lowering.has_lowering(aten.addcmul.default)  # in xlakit's lowering table
-    assert not lowering.has_lowering(aten.rand.default)  # random: torch's generator draws
-    assert lowering.decomposition(aten.sin.default) is None
+    assert to_jax.has_lowering(aten.addcmul.default)  # in xlakit's lowering table
+    assert not to_jax.has_lowering(aten.rand.default)  # random: torch's generator draws
+    assert to_jax.decomposition(aten.sin.default) is None
     # an op the lowering table lacks takes PyTorch's decomposition into Core ATen ops, if it has one
     core = torch._decomp.core_aten_decompositions()
     missing = [op for op in core if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"
                and ops.policy(op).handling is Handling.LOWERED and lowerings.find(op) is None]
-    assert missing and all(lowering.decomposition(op) is not None for op in missing)
+    assert missing and all(to_jax.decomposition(op) is not None for op in missing)

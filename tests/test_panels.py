@@ -9,10 +9,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import xlakit
-from xlakit import engine, flops, footprint
+from xlakit.analysis import flops, footprint
+from xlakit.core.ir import Aval, DeviceData, Graph
+from xlakit.core.record import GraphInfo, NodeInfo, Output, ParamInfo, human_bytes
+from xlakit.engine import executor
 from xlakit.notebook import panels, render
-from xlakit.ir import Aval, DeviceData, Graph
-from xlakit.record import GraphInfo, NodeInfo, Output, ParamInfo, human_bytes
 
 
 def conv_net():
@@ -174,7 +175,7 @@ def test_a_peak_over_the_devices_memory_is_a_visible_warning(dev):
     # the engine's own warning, before the first run, names the user's line, not xlakit's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        engine._warn_if_too_big(small, _graph_with_params([x.shape]))
+        executor._warn_if_too_big(small, _graph_with_params([x.shape]))
     assert len(caught) == 1 and caught[0].filename == __file__
     assert "more than the device's" in str(caught[0].message)
     del y

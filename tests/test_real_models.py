@@ -18,9 +18,10 @@ import torch  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
-import xlakit  # noqa: E402
 from conftest import assert_same  # noqa: E402
-from xlakit import eager  # noqa: E402
+
+import xlakit  # noqa: E402
+from xlakit.lowerings import eager  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # config nags about the tiny vocabularies
 

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import xlakit
-from xlakit.record import Backend, Cache, Output, Trigger
+from xlakit.core.record import Backend, Cache, Output, Trigger
 
 
 def test_trigger_cache_and_backend_are_enums_equal_to_their_strings(dev):
@@ -44,7 +44,7 @@ def test_explains_fx_partition_is_a_field_of_its_own():
 
 def test_torch_xla_unknowns_are_none():
     torch_xla = pytest.importorskip("torch_xla")
-    from xlakit import torch_xla as adapter
+    from xlakit.integrations import torch_xla as adapter
 
     w = torch.ones(5).to(torch_xla.device())
     torch_xla.sync()

@@ -6,8 +6,8 @@ import torch
 from conftest import assert_same
 
 import xlakit
-from xlakit.engine import current
-from xlakit.verification import UNREAD_LIMIT
+from xlakit.engine.check_results import UNREAD_LIMIT
+from xlakit.engine.executor import current
 
 
 def test_capture_collects_only_its_own_threads_steps(dev):

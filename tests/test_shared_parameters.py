@@ -5,9 +5,9 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from conftest import assert_same
 
 import xlakit
-from conftest import assert_same
 
 
 class TiedLM(nn.Module):
@@ -79,8 +79,8 @@ def test_skip_init_keeps_sharing(dev):
 def test_a_shared_tensor_is_uploaded_once(dev):
     model = TiedLM()
     model.to(dev)
-    value = xlakit.frontend.unwrap(model.head.weight)._state
-    assert value is xlakit.frontend.unwrap(model.embed.weight)._state
+    value = xlakit.front.recorder.unwrap(model.head.weight)._state
+    assert value is xlakit.front.recorder.unwrap(model.embed.weight)._state
 
 
 def test_tied_training_matches_eager(dev):

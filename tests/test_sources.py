@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import xlakit
-from xlakit import eager, sources
+from xlakit.core import sources
+from xlakit.lowerings import eager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -117,7 +118,7 @@ def test_compiled_nodes_and_warnings_keep_their_own_lines(dev, monkeypatch):
 def test_fx_nodes_of_a_torch_module_name_no_line_of_torch():
     # Dynamo's stack trace of a torch.nn module's op holds only torch's and its own
     # frames (external_utils.py): no line of them is the user's or a library's
-    from xlakit import dynamo
+    from xlakit.integrations import dynamo
 
     torch._dynamo.reset()
     with dynamo.compiled_graphs() as graphs:

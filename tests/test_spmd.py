@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import xlakit
-from xlakit import analysis
+from xlakit.analysis import executable
 from xlakit.notebook import sharding_view
 
 HERE = Path(__file__).resolve().parent
@@ -218,7 +218,7 @@ HLO = """
 
 
 def test_collectives_are_read_from_optimized_hlo():
-    found = analysis.collectives(HLO)
+    found = executable.collectives(HLO)
     assert [(c.op, c.name, c.nbytes, c.group_size) for c in found] == [
         ("all-reduce", "all-reduce", 4, 4),
         ("all-gather", "all-gather.2", 512, 4),
@@ -231,7 +231,7 @@ def test_collectives_are_read_from_optimized_hlo():
 
 
 def test_device_grid_of_a_split_over_two_axes():
-    from xlakit.record import MeshInfo
+    from xlakit.core.record import MeshInfo
 
     mesh = MeshInfo(shape=(2, 4), axis_names=("data", "model"), devices=(0, 1, 2, 3, 4, 5, 6, 7))
     assert sharding_view.blocks(mesh, (("data",), (), ("model",))) == {

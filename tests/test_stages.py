@@ -3,7 +3,8 @@ the pending IR (no JAX), the key is computed from the planned graph."""
 import torch
 
 import xlakit
-from xlakit import engine, frontend, keys, stages
+from xlakit.engine import executor, keys, stages
+from xlakit.front import recorder
 
 
 def pending(dev):
@@ -13,12 +14,12 @@ def pending(dev):
     xlakit.mark_step()
     g = x * 3           # an output of w's shape, computed first
     w.add_(g)           # w's own update
-    value = frontend.unwrap(w)._state
+    value = recorder.unwrap(w)._state
     return w, x, g, value
 
 
 def live():
-    return engine.current().live_values()
+    return executor.current().live_values()
 
 
 def test_cut_takes_the_graph_of_the_targets(dev):
@@ -30,7 +31,7 @@ def test_cut_takes_the_graph_of_the_targets(dev):
 
 def test_plan_donates_only_at_step_markers_and_pairs_a_donor_with_its_own_update(dev):
     w, x, g, value = pending(dev)
-    gv = frontend.unwrap(g)._state
+    gv = recorder.unwrap(g)._state
     value.label = "w"  # as labels.py stamps a parameter's name on its value before a step marker
     cut = stages.cut([gv, value], live(), full=True)
     partial = stages.plan(cut, live(), full=False, donate=True)
@@ -38,7 +39,7 @@ def test_plan_donates_only_at_step_markers_and_pairs_a_donor_with_its_own_update
     assert partial.graph is cut.graph
     # x is still held by a live tensor; w's old buffer is not (w now points at its update)
     params = cut.graph.params
-    w_index = next(i for i, p in enumerate(params) if p is not frontend.unwrap(x)._state.data)
+    w_index = next(i for i, p in enumerate(params) if p is not recorder.unwrap(x)._state.data)
     params[w_index].label = "w"  # the old buffer carries its tensor's name
     full = stages.plan(cut, live(), full=True, donate=True)
     assert full.donors == (w_index,)

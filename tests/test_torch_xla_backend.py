@@ -4,7 +4,7 @@ import torch
 
 torch_xla = pytest.importorskip("torch_xla")
 
-from xlakit import torch_xla as adapter  # noqa: E402
+from xlakit.integrations import torch_xla as adapter  # noqa: E402
 from xlakit.notebook import render  # noqa: E402
 
 

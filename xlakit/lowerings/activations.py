@@ -8,8 +8,8 @@ import math
 import jax.numpy as jnp
 from jax import lax
 
-from . import lowers
 from .pointwise import as_dtype, clamp_values, is_complex, opmath
+from .registry import lowers
 
 
 @lowers("aten::relu", promote=True)

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
 
-from . import lowers
 from .pointwise import opmath
+from .registry import lowers
 
 # Cephes' coefficients, as Math.h lists them (y0 and y1 share j0's and j1's
 # asymptotic ones; the scaled k0 and k1 share k0's and k1's).

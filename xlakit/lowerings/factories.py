@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from . import jax_dtype, lowers
+from .dtypes import jax_dtype
+from .registry import lowers
 
 
 # -- casts ----------------------------------------------------------------------------

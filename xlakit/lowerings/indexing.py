@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .. import checks
-from ..ops import NeedsEager
-from . import category, computation_dtype, jax_dtype, lowers
-
+from ..core import checks
+from .dtypes import category, computation_dtype, jax_dtype
+from .policy import NeedsEager
+from .registry import lowers
 
 # -- helpers ----------------------------------------------------------------------
 _OUT_OF_BOUNDS = "index {index} is out of bounds for dimension %d with size %d"

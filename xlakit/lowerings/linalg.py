@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..ops import NeedsEager
-from . import lowers
+from .policy import NeedsEager
+from .registry import lowers
 
 _LAPACK_DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128))
 _HALF = frozenset(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16))

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import checks
-from . import jax_dtype, lowers
+from ..core import checks
+from .dtypes import jax_dtype
+from .registry import lowers
 
 _HALF = (jnp.float16, jnp.bfloat16)
 

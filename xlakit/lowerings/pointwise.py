@@ -1,6 +1,6 @@
 """Elementwise ops: arithmetic, rounding, clamping, selection, comparisons and
 logic, complex parts, and the helpers the family shares. The family's other
-modules, imported at the end: activations.py (activations and their backward
+modules, which import these helpers: activations.py (activations and their backward
 ops), special.py (special functions) and bessel.py (the Bessel and Airy
 functions ATen ports from Cephes).
 
@@ -35,9 +35,10 @@ import numpy as np
 import torch
 from jax import lax
 
-from .. import checks
-from ..ops import NeedsEager
-from . import category, computation_dtype, jax_dtype, lowers
+from ..core import checks
+from .dtypes import category, computation_dtype, jax_dtype
+from .policy import NeedsEager
+from .registry import lowers
 
 NUMBER = (bool, int, float, complex)
 
@@ -756,4 +757,3 @@ lowers("aten::addcdiv", promote=True, opmath_scalar="value")(_with_value(lambda 
 
 del _name, _compare
 
-from . import activations, bessel, special  # noqa: E402,F401  (the family's other modules; they register)

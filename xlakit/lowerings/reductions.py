@@ -30,8 +30,9 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ..ops import NeedsEager
-from . import jax_dtype, lowers
+from .dtypes import jax_dtype
+from .policy import NeedsEager
+from .registry import lowers
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

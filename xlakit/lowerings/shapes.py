@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _promote, jax_dtype, lowers, torch_dtype
+from .dtypes import _promote, jax_dtype, torch_dtype
+from .registry import lowers
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 from jax import lax
 
-from ..ops import NeedsEager
-from . import lowers
 from .pointwise import as_dtype, common, opmath, register_unary
+from .policy import NeedsEager
+from .registry import lowers
 
 
 def _erfcx(x):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import html
 
-from ..breaks import BreakReport
+from ..integrations import breaks
+from ..integrations.breaks import BreakReport
 from .graph_svg import to_svg
 from .render import STYLE
 from .views import Displayed
@@ -47,3 +48,10 @@ class BreakView(BreakReport, Displayed):
         show()
         table = ipywidgets.HTML(f"{STYLE}<div class='xlakit-step'>{self._table_html()}</div>")
         return ipywidgets.VBox([table, picker, view])
+
+
+def explain(fn, *args, **kwargs) -> BreakView:
+    """Graph breaks of `fn(*args, **kwargs)` per path: Dynamo FX, Dynamo -> HLO,
+    lazy, and torch_xla's when installed. Runs `fn` once per path. The report
+    shows itself as a table, HTML, and a widget with the FX graphs."""
+    return BreakView.of(breaks.explain(fn, *args, **kwargs))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ..record import GraphInfo, StepRecord
+from ..core.record import GraphInfo, StepRecord
 from . import graph_svg
 from .graph_model import GraphView, of_record, visible
 

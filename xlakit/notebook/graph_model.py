@@ -15,8 +15,8 @@ import heapq
 import re
 from collections import defaultdict
 
-from .. import sources
-from ..record import GraphInfo, Output, StepRecord, Trigger
+from ..core import sources
+from ..core.record import GraphInfo, Output, StepRecord, Trigger
 
 BUDGET = 120        # boxes a view shows at first; the rest stay in closed groups
 MAX_CHILDREN = 100  # a group with more direct items is split by source line, then into runs

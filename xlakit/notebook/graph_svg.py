@@ -10,8 +10,8 @@ import dataclasses
 import html
 from collections import defaultdict
 
-from .. import sources
-from ..record import GraphInfo
+from ..core import sources
+from ..core.record import GraphInfo
 
 MAX_BOXES = 300
 BOX_W, BOX_H, GAP_X, GAP_Y = 170, 46, 24, 40

@@ -8,7 +8,7 @@ import pathlib
 import anywidget
 import traitlets
 
-from ..record import StepRecord
+from ..core.record import StepRecord
 from .graph_model import GraphView, of_record
 
 BUNDLE = pathlib.Path(__file__).parent / "static" / "graph.js"

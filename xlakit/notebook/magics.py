@@ -8,9 +8,9 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from IPython.display import display
 
-from .. import api
+from .. import session
 from ..config import config
-from ..record import Backend, StepRecord
+from ..core.record import Backend, StepRecord
 from .views import HistoryView, StepView
 
 # (cell name, record) for the steps run under %%xla_step, oldest first: the
@@ -34,7 +34,7 @@ class XlaMagics(Magics):
         run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
-            with api.capture() as records:
+            with session.capture() as records:
                 run(cell)
         finally:
             # on an error, what ran so far is still shown; the error then propagates
@@ -68,10 +68,10 @@ class XlaMagics(Magics):
 
     def _run_xlakit(self, cell: str) -> None:
         self._exec(cell)
-        api.mark_step()
+        session.mark_step()
 
     def _run_torch_xla(self, cell: str) -> None:
-        from .. import torch_xla as adapter
+        from ..integrations import torch_xla as adapter
 
         before = adapter.execution_count()
         self._exec(cell)

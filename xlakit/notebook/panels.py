@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import html
 
-from .. import flops, footprint
-from ..flops import ModuleCost
-from ..record import StepRecord, cost_line, human_bytes, human_flops, memory_lines, over_limit
+from ..analysis import flops, footprint
+from ..analysis.flops import ModuleCost
+from ..core.record import StepRecord, cost_line, human_bytes, human_flops, memory_lines, over_limit
 
 OPEN_LEVELS = 3      # module tree levels shown open; deeper ones open on a click
 TOP_OPS = 10

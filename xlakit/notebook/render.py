@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import html
 
-from .. import keys
-from .. import record as record_text
-from ..record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
+from ..analysis import misses
+from ..core import record as record_text
+from ..core.record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
 from . import graph_dot, panels, sharding_view
 
 # left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
@@ -41,9 +41,9 @@ def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[st
     which may be another cell's graph; it is shown when there is no previous step."""
     if (record.cache is not Cache.HIT and record.backend is Backend.XLAKIT
             and previous is not None and previous.key != record.key):
-        changed = keys.diff(record.components, previous.components)
+        changed = misses.diff(record.components, previous.components)
         return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
-                *keys.explain_miss(record.components, record.graph, previous.components, previous.graph)]
+                *misses.explain_miss(record.components, record.graph, previous.components, previous.graph)]
     return record_text.why_lines(record)
 
 

@@ -11,7 +11,8 @@ import html
 import itertools
 import math
 
-from ..record import MeshInfo, StepRecord, TensorSharding, human_bytes
+from .. import session
+from ..core.record import MeshInfo, StepRecord, TensorSharding, human_bytes
 
 # A tensor at least this big, whole on every device of a mesh, is worth a warning.
 LARGE_BYTES = 1 << 20
@@ -289,3 +290,10 @@ class ShardingView:
 
     def _repr_html_(self) -> str:
         return html_view(self.record, self.large)
+
+
+def sharding_view(step: StepRecord | None = None) -> ShardingView:
+    """How the inputs and outputs of `step` (default: the last) are laid out over
+    the mesh, per dim and device; its collectives and memory per device. Shows
+    itself as text and HTML."""
+    return ShardingView(step if step is not None else session.last_step())

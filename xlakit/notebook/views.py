@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import collections
 
-from ..record import StepRecord
+from ..core.record import StepRecord
 from . import render
 
 

@@ -1,0 +1,73 @@
+"""Why a step missed the cache: which key components changed since an earlier
+step, and what in the graph, inputs or shardings made them change, in words."""
+from __future__ import annotations
+
+from ..core import sources
+from ..core.sharding import MARK_SHARDING_NAME
+
+
+def diff(new: dict[str, str], old: dict[str, str]) -> list[str]:
+    """Names of the components that differ between two keys' components, in key order."""
+    return [name for name in new if new[name] != old.get(name)]
+
+
+def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph, limit: int = 3) -> list[str]:
+    """Why a key with components `new` is not `old`, in words (graphs are GraphInfo)."""
+    lines = []
+    changed = diff(new, old)
+    if "inputs" in changed:
+        lines += _differences("input", [p.aval for p in new_graph.params], [p.aval for p in old_graph.params],
+                              limit)
+    if "graph" in changed:
+        new_nodes = [(n.op, n.avals, n.operands, n.args) for n in new_graph.nodes]
+        old_nodes = [(n.op, n.avals, n.operands, n.args) for n in old_graph.nodes]
+        for i, (a, b) in enumerate(zip(new_nodes, old_nodes)):
+            if a[:3] == b[:3] and a != b:  # a constant argument changed
+                node = new_graph.nodes[i]
+                lines.append(f"node %{i} {node.op} now ({node.args}){_at(node.source)}, was ({b[3]})")
+                break
+            if a != b:
+                node = new_graph.nodes[i]
+                lines.append(f"node %{i} now {node.op} -> {', '.join(node.avals)}{_at(node.source)}, "
+                             f"was {b[0]} -> {', '.join(b[1])}")
+                break
+        for i in range(len(old_nodes), min(len(new_nodes), len(old_nodes) + limit)):
+            node = new_graph.nodes[i]
+            lines.append(f"new node %{i} {node.op}{_at(node.source)}")
+        if len(new_nodes) < len(old_nodes):
+            lines.append(f"{len(old_nodes) - len(new_nodes)} fewer nodes ({len(new_nodes)}, was {len(old_nodes)})")
+        if not lines:
+            lines.append("same nodes, different wiring or outputs")
+    if "donors" in changed:
+        now = [i for i, p in enumerate(new_graph.params) if p.donated]
+        was = [i for i, p in enumerate(old_graph.params) if p.donated]
+        lines.append(f"donated inputs now {now}, was {was}")
+    if "shardings" in changed and len(new_graph.params) == len(old_graph.params):
+        lines += _sharding_differences(new_graph, old_graph, limit, alone=not {"graph", "inputs"} & set(changed))
+    lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
+    return lines
+
+
+def _sharding_differences(new_graph, old_graph, limit: int, alone: bool) -> list[str]:
+    """Which input's sharding, or which mark_sharding in the graph, changed, from what to what.
+    `alone`: nothing but shardings changed, so the same specs mean the mesh or an output differs."""
+    lines = [f"input {i}{f' ({a.label})' if a.label else ''} sharding now {a.sharding}, was {b.sharding}"
+             for i, (a, b) in enumerate(zip(new_graph.params, old_graph.params)) if a.sharding != b.sharding]
+    lines += [f"node %{i} {a.op} now ({a.args}){_at(a.source)}, was ({b.args})"
+              for i, (a, b) in enumerate(zip(new_graph.nodes, old_graph.nodes))
+              if a.op == b.op == MARK_SHARDING_NAME and a.args != b.args]
+    if lines or not alone:
+        return lines[:limit]
+    return ["the same partition specs: the mesh (shape, axis names or device order) or an output's requested "
+            "sharding differs"]
+
+
+def _differences(what: str, new: list, old: list, limit: int) -> list[str]:
+    lines = [f"{what} {i} now {a}, was {b}" for i, (a, b) in enumerate(zip(new, old)) if a != b][:limit]
+    if len(new) != len(old):
+        lines.append(f"{len(new)} {what}s, was {len(old)}")
+    return lines
+
+
+def _at(source) -> str:
+    return f" at {sources.describe(source)}" if source else ""

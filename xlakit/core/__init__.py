@@ -1,0 +1,6 @@
+"""The data every layer passes along: the IR (nodes, graphs, device buffers),
+the StepRecord schema, source lines and module paths, in-graph check kinds,
+moving arrays between host and device, meshes and placements.
+
+Imports: config, version. Everything imports it.
+"""

@@ -1,0 +1,176 @@
+"""Source lines: which Python lines recorded an op, and how a person reads them.
+
+A node keeps two frames: the user's line, and the innermost line of a library
+(transformers, ...) when the user's line called into one, since a recompile
+inside `model.generate(...)` is explained by the library's line, not the call.
+Names read as a person expects: a notebook cell is "cell 4 line 2", not
+IPython's temporary file, and a warning is attributed to the user's line.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import site
+import sys
+import sysconfig
+import threading
+import warnings
+
+from . import module_paths
+from .ir import Frame, Source
+
+_XLAKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, not core/
+_PACKAGE_DIRS = tuple({p + os.sep for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                                            *site.getsitepackages())})
+_STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
+# Packages whose frames are the dispatch machinery between a library's line and
+# xlakit, never "the line that recorded an op".
+_MACHINERY = ("torch", "torchgen", "functorch", "jax", "jaxlib", "typing_extensions")
+
+USER, LIBRARY, MACHINERY = 0, 1, 2
+_KIND: dict[str, int] = {}
+
+
+def _kind(filename: str) -> int:
+    kind = _KIND.get(filename)
+    if kind is None:
+        kind = _KIND[filename] = _classify(filename)
+    return kind
+
+
+def _classify(filename: str) -> int:
+    package_dir = next((d for d in _PACKAGE_DIRS if filename.startswith(d)), None)
+    if package_dir is not None:
+        package = filename[len(package_dir):].split(os.sep, 1)[0]
+        return MACHINERY if package in _MACHINERY else LIBRARY
+    if filename.startswith("<ipython-input-"):  # a cell, as older IPython names it
+        return USER
+    if filename.startswith((_XLAKIT_DIR, _STDLIB_DIR, "<")):  # "<string>": code Python and torch generate
+        return MACHINERY
+    return USER
+
+
+class _RecordedAt(threading.local):
+    source: Source | None = None
+
+
+_RECORDED_AT = _RecordedAt()
+
+
+@contextlib.contextmanager
+def recorded_at(source: Source | None):
+    """Attribute the ops of the block to `source`. torch.compile's backend runs
+    FX nodes whose own lines Dynamo kept; the Python stack then only holds the
+    frame Dynamo resumed, at the line of the previous graph break."""
+    before, _RECORDED_AT.source = _RECORDED_AT.source, source
+    try:
+        yield
+    finally:
+        _RECORDED_AT.source = before
+
+
+# Interned Frames and Sources: a training step records the same lines every step, and
+# one shared object per line (not one per op) keeps Python's collector from running
+# over thousands of them. Bounded: each re-run of a notebook cell makes new code objects.
+_FRAMES: dict[tuple, Frame] = {}
+_SOURCES: dict[tuple, Source] = {}
+_INTERNED_LIMIT = 50_000
+
+
+def _frame(code, line: int) -> Frame:
+    key = (code, line)
+    frame = _FRAMES.get(key)
+    if frame is None:
+        if len(_FRAMES) > _INTERNED_LIMIT:
+            _FRAMES.clear()
+            _SOURCES.clear()  # keyed by the ids of interned frames
+        frame = _FRAMES[key] = Frame(code.co_filename, line, code.co_name)
+    return frame
+
+
+def _source(user: Frame | None, library: Frame | None, module: str) -> Source:
+    key = (id(user), id(library), module)  # interned frames: identity is equality
+    source = _SOURCES.get(key)
+    if source is None:
+        source = _SOURCES[key] = Source(user, library, module)
+    return source
+
+
+def capture() -> Source | None:
+    """The innermost user line, the innermost library line below it, and the module path."""
+    if _RECORDED_AT.source is not None:
+        return _RECORDED_AT.source
+    module = module_paths.current()
+    frame = sys._getframe(1)
+    library = None
+    while frame is not None:
+        code = frame.f_code
+        kind = _kind(code.co_filename)
+        if kind == USER:
+            return _source(_frame(code, frame.f_lineno), library, module)
+        if kind == LIBRARY and library is None:
+            library = _frame(code, frame.f_lineno)
+        frame = frame.f_back
+    return _source(None, library, module) if library is not None or module else None
+
+
+def user_line() -> str | None:
+    """The user's line as a person reads it ("cell 4 line 3"), for a step's trigger."""
+    source = capture()
+    return short(source.user) if source is not None and source.user is not None else None
+
+
+def fallback_line(source: Source | None, op) -> str:
+    """'cell 4 line 3 (aten.nonzero.default)': where an op ran eagerly, for its sync's trigger."""
+    where = short(source.user) if source is not None and source.user is not None else "?"
+    return f"{where} ({op})"
+
+
+def cell_name(file: str, line: int) -> str | None:
+    """'cell 4 line 3' for a line of a notebook cell (IPython's own filename map)."""
+    shell = _ipython()
+    number = getattr(getattr(shell, "compile", None), "_filename_map", {}).get(file)
+    return None if number is None else f"cell {number} line {line}"
+
+
+def _ipython():
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def short(frame: Frame | None) -> str:
+    """'cell 4 line 3', or 'modeling_gpt2.py:120'."""
+    if frame is None:
+        return ""
+    return cell_name(frame.file, frame.line) or f"{os.path.basename(frame.file)}:{frame.line}"
+
+
+def describe(source: Source | None) -> str:
+    """'cell 4 line 2 -> modeling_gpt2.py:120 in forward'; '' when unknown."""
+    if source is None:
+        return ""
+    parts = [short(source.user)] if source.user is not None else []
+    if source.library is not None:
+        parts.append(f"{short(source.library)} in {source.library.function}")
+    return " -> ".join(parts)
+
+
+def warn(message: str, source: Source | None, category=UserWarning) -> None:
+    """A warning attributed to the user's line (a cell reads as "cell 4"), or where
+    there is none to the library's line that called xlakit; never to xlakit."""
+    frame = source and (source.user or source.library)
+    if frame is None:
+        warnings.warn(message, category, stacklevel=3)
+        return
+    cell = cell_name(frame.file, frame.line)
+    warnings.warn_explicit(message, category, cell.rpartition(" line ")[0] if cell else frame.file, frame.line)
+
+
+def of_traceback(frames: list[Frame]) -> Source | None:
+    """The Source of a recorded stack, listed outermost first as tracebacks are
+    (Dynamo's FX nodes keep one): its innermost user line and innermost library
+    line; None when all of it is machinery (torch, Dynamo, xlakit)."""
+    kinds = [(frame, _kind(frame.file)) for frame in reversed(frames)]
+    user = next((frame for frame, kind in kinds if kind == USER), None)
+    library = next((frame for frame, kind in kinds if kind == LIBRARY), None)
+    return None if user is None and library is None else Source(user, library)

@@ -1,0 +1,227 @@
+"""Executables by key: an in-memory LRU, then xlakit's executables on disk by the same
+key, then JAX's persistent compilation cache.
+
+JAX's cache is keyed by the lowered program, so a hit there still pays for lowering
+the graph; xlakit's own files are keyed by xlakit's key (keys.py: graph, inputs,
+donors, backend and versions, flags), so a second process that traces the same
+step loads its executable without lowering or compiling it."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import inspect
+import os
+import pickle
+import stat
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.monitoring
+
+from ..core.checks import StepChecks
+from ..core.record import Collective, CostInfo, MemoryInfo, ShardingInfo
+
+
+@dataclasses.dataclass
+class Entry:
+    compiled: object          # jax.stages.Compiled
+    key: object               # keys.Key
+    hlo: str                  # optimized HLO text, for views
+    checks: StepChecks = StepChecks()   # what its extra output reports (core/checks.py)
+    memory: MemoryInfo | None = None   # from the compiled executable (analysis/executable.py)
+    cost: CostInfo | None = None
+    shardings: ShardingInfo | None = None   # None: one device
+    collectives: tuple[Collective, ...] = ()
+    uses: int = 0             # executions so far (the engine counts them as it runs)
+    # GraphInfo per metadata digest: a hit with the same metadata reuses it.
+    graph_infos: dict = dataclasses.field(default_factory=dict)
+
+
+class ExecutableCache:
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+
+    def get(self, key: str) -> Entry | None:
+        """The entry for `key` (now the most recently used), or None."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, entry: Entry) -> None:
+        self._entries[key] = entry
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def default_cache_dir() -> str | None:
+    """XLAKIT_CACHE_DIR wins (empty turns the disk cache off); else a per-user dir."""
+    configured = os.environ.get("XLAKIT_CACHE_DIR")
+    if configured is not None:
+        return configured or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xlakit")
+
+
+_EXECUTABLES: Path | None = None   # where xlakit's executables are kept; None: not on disk
+
+
+def load(key: str) -> Entry | None:
+    """The entry stored for `key` by an earlier process, or None. A file that
+    cannot be read back (cut short, written by another jaxlib) is deleted."""
+    if _EXECUTABLES is None:
+        return None
+    path = _EXECUTABLES / f"{key}.pickle"
+    try:
+        with open(path, "rb") as f:
+            stored = pickle.load(f)
+        from jax.experimental.serialize_executable import deserialize_and_load
+        compiled = deserialize_and_load(stored.pop("executable"), stored.pop("in_tree"), stored.pop("out_tree"))
+        return Entry(compiled=compiled, **stored)
+    except FileNotFoundError:
+        return None
+    except Exception:  # noqa: BLE001 - a broken entry is a miss, and is written anew
+        path.unlink(missing_ok=True)
+        return None
+
+
+def store(entry: Entry) -> None:
+    """Keep a one-device entry on disk for later processes; written whole or not at all.
+    (Sharded executables are left to JAX's cache: loading one needs its device assignment.)"""
+    if _EXECUTABLES is None or entry.shardings is not None:
+        return
+    part = None
+    try:
+        from jax.experimental.serialize_executable import serialize
+        executable, in_tree, out_tree = serialize(entry.compiled)
+        stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "key": entry.key,
+                  "hlo": entry.hlo, "checks": entry.checks, "memory": entry.memory, "cost": entry.cost,
+                  "collectives": entry.collectives}
+        with tempfile.NamedTemporaryFile(dir=_EXECUTABLES, suffix=".part", delete=False) as f:
+            part = Path(f.name)
+            pickle.dump(stored, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(part, _EXECUTABLES / f"{entry.key.key}.pickle")
+    except Exception as e:  # noqa: BLE001 - the disk is a cache: a failed write costs a later compile only
+        if part is not None:
+            part.unlink(missing_ok=True)
+        warnings.warn(f"xlakit: could not keep an executable on disk ({type(e).__name__}: {e}); "
+                      "a later process will compile it again.", stacklevel=2)
+
+
+def private_dir(path: str) -> Path:
+    """xlakit's own directory in the cache dir `path`, one per user."""
+    return Path(path) / f"xlakit-{os.getuid()}"
+
+
+def _make_private(path: str) -> Path:
+    """`path` as it is (made like any directory if missing), and in it xlakit's own
+    directory, writable by this user alone: `path` may be /tmp or a team's, and what
+    xlakit loads from the cache (pickles, executables) runs as this user's code."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    own = private_dir(path)
+    own.mkdir(mode=0o700, exist_ok=True)
+    found = os.lstat(own)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{own} exists and is not a directory of this user's")
+    os.chmod(own, 0o700)
+    return own
+
+
+def enable_persistent_cache(path: str | None) -> str | None:
+    """Point JAX's persistent compilation cache, and xlakit's executables, at a
+    directory of xlakit's own in `path`, private to the user."""
+    global _EXECUTABLES
+    _EXECUTABLES = None
+    if path is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    try:
+        own = _make_private(path)
+    except OSError as e:
+        warnings.warn(f"xlakit: cannot use {path!r} as the compilation cache ({e}); compiling without "
+                      "a disk cache. Set XLAKIT_CACHE_DIR to a writable directory, or empty to silence this.",
+                      stacklevel=2)
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(own))
+    executables = own / "xlakit-executables"
+    try:
+        executables.mkdir(mode=0o700, exist_ok=True)
+        _EXECUTABLES = executables
+    except OSError:  # JAX's cache still saves the compile
+        pass
+    _forget_broken_entries()
+    # Cache every executable: small graphs recompile as often as large ones.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def _forget_broken_entries() -> None:
+    """JAX writes a cache entry in place and never replaces one that exists: a
+    write cut short (a full disk) leaves a truncated entry that every later
+    process reads, warns about and recompiles. Delete an entry that fails to be
+    written or read, so the next compile writes it whole. JAX still warns and
+    compiles; this only heals the directory. Wraps JAX internals, defensively:
+    if they change, nothing is wrapped."""
+    try:
+        from jax._src import compilation_cache as cc
+        read, write = cc.get_executable_and_time, cc.put_executable_and_time
+        read_sig, write_sig = inspect.signature(read), inspect.signature(write)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return
+    if getattr(read, "_xlakit", False):
+        return
+
+    def forget(signature, args, kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            entry = Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache"
+            entry.unlink(missing_ok=True)
+        except Exception:  # noqa: BLE001 - healing is best effort; JAX reports the error itself
+            pass
+
+    def healing(original, signature):
+        def call(*args, **kwargs):
+            try:
+                return original(*args, **kwargs)
+            except Exception:
+                forget(signature, args, kwargs)
+                raise
+        call._xlakit = True
+        return call
+
+    cc.get_executable_and_time = healing(read, read_sig)
+    cc.put_executable_and_time = healing(write, write_sig)
+
+
+class PersistentHits:
+    """Counts JAX's persistent-cache hits, so a compile can tell it was served from disk."""
+
+    def __init__(self):
+        self._hits = 0
+        self._lock = threading.Lock()
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_event(self, event: str, **_):
+        if event == "/jax/compilation_cache/cache_hits":
+            with self._lock:
+                self._hits += 1
+
+    @property
+    def count(self) -> int:
+        return self._hits

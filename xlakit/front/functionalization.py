@@ -1,0 +1,397 @@
+"""xlakit's kernels in torch's dispatcher, installed once by runtime.install
+(`register_kernels`): the Lazy key's fallback, which makes factories with
+device=lazy and copies from the host, Functionalize kernels of xlakit's
+own (they serve every device), and one_hot's kernel for the lazy device.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..core import sources, transfer
+from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
+from .tensor import LazyTensor, from_host, to_host, unwrap, wrap
+
+aten = torch.ops.aten
+
+
+# -- the Lazy dispatch key: factories and copies from the host -------------------
+_READ_KEYS = (torch._C.DispatchKey.Functionalize, torch._C.DispatchKey.Python, torch._C.DispatchKey.PythonTLSSnapshot)
+
+
+def _lazy_backend(op, *args, **kwargs):
+    """Ops reach the Lazy key only when no argument is a LazyTensor (those stop
+    at the Python key first): factories with device=lazy and copies from CPU."""
+    if op in (aten._copy_from.default, aten._copy_from_and_resize.default):
+        src, dst = args[0], args[1]
+        transfer.require_dense(src)
+        value = src.to(dtype=dst.dtype)
+        if op is aten._copy_from.default:
+            value = value.expand(dst.shape)
+        return _replace(dst, from_host(value))
+    # A factory inside a functionalization kernel's redispatch (e.g. empty in
+    # eye.m, under linalg.matrix_power) must return a plain tensor: its caller
+    # wraps it. torch.tensor(...) also skips Functionalize, but skips Python
+    # too, and lifts a functional result itself.
+    below = (torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Functionalize)
+             and not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python))
+    wrap_ = alias if below else wrap
+    if not below and any(isinstance(a, torch.Tensor) and torch._is_functional_tensor(a) for a in args):
+        # torch.tensor([t[0], t[1]]) reads each element (.item()) with Functionalize
+        # and Python both skipped: the lazy tensor arrives in its wrapper. Read it
+        # as anywhere else (syncing a view replays it through those keys).
+        excluded = torch._C._dispatch_tls_local_exclude_set()
+        for key in _READ_KEYS:
+            excluded = excluded.remove(key)
+        with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded):
+            return op(*args, **kwargs)
+    out = kwargs.get("out")
+    if out is None and op_info(op).lowerable:
+        return wrap_(dispatch(op, args, kwargs))
+    host_args, host_kwargs = to_cpu(list(args)), to_cpu({k: v for k, v in kwargs.items() if k != "out"})
+    if out is not None:
+        op = functional_variant(op)
+    result = op(*host_args, **host_kwargs)
+    if out is not None:
+        return _replace(out, from_host(result))
+    return wrap_(from_host(result))
+
+
+def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
+    if torch._is_functional_tensor(dst):
+        torch._functionalize_replace(dst, inner)
+        torch._functionalize_commit_update(dst)
+        torch._sync(dst)
+        return dst
+    raise TypeError(f"cannot copy into {type(dst).__name__} on {dst.device}")
+
+
+def _lift_fresh_functionalize(t):
+    """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
+    makes a view of a temporary: in-place ops on the result would then update a
+    hidden base. A freshly made lazy tensor is its own base."""
+    if torch._is_functional_tensor(t):
+        return t if t.device.type == "lazy" else t.view_as(t)
+    return torch._to_functional_tensor(t)
+
+
+_SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+
+
+def _functionalized_inplace(inplace, functional):
+    """PyTorch's functionalization of an in-place op, without its first step:
+    running the in-place op on meta copies to catch shape errors. For these
+    ops that check is a Python meta kernel costing 70-350 µs a call (measured:
+    addcdiv_ 365 µs against 27 µs for mul_, whose meta kernel is C++), most of
+    an optimizer step's tracing. The functional op's output already says what
+    the check would: its shape must be self's and its dtype castable to self's.
+    The rest mirrors PyTorch's generated kernel, for every device."""
+    def kernel(self, *args, **kwargs):
+        def unwrapped(a):
+            if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
+                torch._sync(a)
+                return torch._from_functional_tensor(a)
+            return a
+
+        inner_args = [unwrapped(a) for a in args]
+        inner_kwargs = {k: unwrapped(v) for k, v in kwargs.items()}
+        if not torch._is_functional_tensor(self):
+            if _reads_lazy((*args, *kwargs.values())):
+                raise _host_written(inplace, self)
+            with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+                return inplace(self, *args, **kwargs)
+        result = _write_overlapping(inplace, (self, *args), kwargs)
+        if result is not None:
+            return result
+        with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+            out = functional(unwrapped(self), *inner_args, **inner_kwargs)
+        if out.shape != self.shape:
+            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
+                               f"{list(out.shape)}")
+        if not torch.can_cast(out.dtype, self.dtype):
+            raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
+        before = torch._from_functional_tensor(self)
+        torch._functionalize_replace(self, out)
+        torch._functionalize_commit_update(self)
+        torch._sync(self)
+        if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
+            torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
+        return self
+    return kernel
+
+
+# -- writes that eager torch checks and functionalization does not ----------------------
+# PyTorch's Functionalize kernel of an op that writes a tensor asserts ("mutating a
+# non-functional tensor with a functional tensor is not allowed") when the written
+# tensor is a plain (host) one and another argument a functional wrapper; it exempts
+# torch_xla's device by name only. xlakit's kernel in front of it does what eager
+# torch does across devices: copy_ copies (a partial sync, as .cpu()), any other op
+# raises eager's error for tensors on two devices.
+# It also refuses what eager refuses and functionalization would turn into a sum:
+# a write to a tensor where two elements are one memory location (an expand).
+def _reads_lazy(values) -> bool:
+    for v in values:
+        if isinstance(v, (list, tuple)):
+            if _reads_lazy(v):
+                return True
+        elif isinstance(v, torch.Tensor) and torch._is_functional_tensor(v) \
+                and isinstance(torch._from_functional_tensor(v), LazyTensor):
+            return True
+    return False
+
+
+def _host_written(op, written: torch.Tensor) -> RuntimeError:
+    return mixed_devices(op, written.device, sources.capture())
+
+
+def _overlapping(t: torch.Tensor) -> bool:
+    """Whether two elements of t are one memory location by a stride of 0 (an expand):
+    eager's `has_internal_overlap` says Yes."""
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
+
+
+def _may_overlap(t: torch.Tensor) -> bool:
+    """Whether two elements of t may be one memory location: no dim, taken by increasing stride,
+    steps past everything the smaller ones span."""
+    span = 0
+    for size, stride in sorted((d for d in zip(t.shape, t.stride()) if d[0] > 1), key=lambda d: d[1]):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+# Writes whose result does not read what they overwrite: through overlapping windows they
+# give eager's values (as_strided_scatter's lowering writes the changed elements).
+_ASSIGNMENTS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default,
+                aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_fill_.int_Scalar,
+                aten.index_fill_.int_Tensor}
+_REFUSES_OVERLAP: dict = {}  # op -> whether eager refuses to write an expanded tensor
+
+
+def _write_overlapping(op, args, kwargs):
+    """An in-place write to a lazy tensor whose elements share memory, as eager does it, or
+    None when torch's kernel gives eager's result.
+
+    Functionalization's inverse of expand adds the copies of an element up (sum_to). Where
+    eager refuses such a write (asked once per op, on a small expanded CPU tensor), its error;
+    where it writes (fill_, masked_fill_, ...), the op runs on a dense copy, then the copy is
+    written through the as_strided view of the base, which holds each location once: a
+    scatter of the changed elements (as_strided_scatter's lowering).
+    Through overlapping windows (an unfold with step < size), an assignment is such a
+    scatter already (see _unfold); an update that reads what it writes is applied by eager
+    element by element in memory order: xlakit says so and stops."""
+    self = args[0]
+    if self.device.type != "lazy" or not _may_overlap(self):
+        return None
+    where = sources.describe(sources.capture())
+    at = f" (at {where})" if where else ""
+    if not _overlapping(self):
+        if op in _ASSIGNMENTS or (op is aten.index_put_.default and not (args[3:4] or [kwargs.get("accumulate")])[0]):
+            return None
+        raise RuntimeError(f"{op}: xlakit does not update a view whose elements overlap (an unfold with step < "
+                           "size) in place: eager torch applies the update element by element in memory order. "
+                           f"clone() the view first, or assign to it (view[...] = value){at}.")
+    refuses = _REFUSES_OVERLAP.get(op)
+    if refuses is None:
+        refuses = _REFUSES_OVERLAP[op] = _eager_refuses_overlap(op, args, kwargs)
+    if refuses:
+        raise RuntimeError(f"{op}: unsupported operation: more than one element of the written-to tensor refers "
+                           f"to a single memory location. Please clone() the tensor before performing the operation{at}.")
+    base = _row_major_base(self)
+    if base is None:
+        return None
+    dense = self.clone(memory_format=torch.contiguous_format)
+    op(dense, *args[1:], **kwargs)
+    view = aten.as_strided.default(base, self.shape, self.stride(), self.storage_offset())
+    torch._sync(dense)
+    torch._functionalize_replace(view, torch._from_functional_tensor(dense))
+    torch._functionalize_commit_update(view)
+    torch._sync(view)
+    return self
+
+
+def _row_major_base(t: torch.Tensor) -> torch.Tensor | None:
+    """t's base, where xlakit's as_strided can address it (row-major from offset 0)."""
+    base = t._base if t._base is not None else t
+    dense = base.storage_offset() == 0 and base.stride() == torch.empty(base.shape, device="meta").stride()
+    return base if dense and base.device.type == "lazy" and torch._is_functional_tensor(base) else None
+
+
+def _eager_refuses_overlap(op, args, kwargs) -> bool:
+    self = args[0]
+    shape = [1 if stride == 0 else size for size, stride in zip(self.shape, self.stride())]
+    expanded = torch.zeros(shape, dtype=self.dtype).expand(self.shape)
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(expanded, *_zeros_like_on_host(args[1:]), **_zeros_like_on_host(kwargs))
+    except RuntimeError as e:
+        return "more than one element of the written-to tensor" in str(e)
+    return False
+
+
+def _zeros_like_on_host(v):
+    if isinstance(v, dict):
+        return {k: _zeros_like_on_host(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return type(v)(_zeros_like_on_host(x) for x in v)
+    if isinstance(v, torch.Tensor):
+        return torch.zeros(v.shape, dtype=v.dtype)
+    return v
+
+
+def _checked_writes(op, original):
+    """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one or a
+    lazy tensor whose elements share memory (see above)."""
+    arguments = op._schema.arguments
+    written = tuple((i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
+    read = tuple((i, a.name) for i, a in enumerate(arguments) if not (a.alias_info and a.alias_info.is_write))
+
+    def picked(places, args, kwargs):
+        values = [args[i] if i < len(args) else kwargs.get(name) for i, name in places]
+        return [t for v in values for t in (v if isinstance(v, (list, tuple)) else (v,))]  # _foreach_*_ lists
+
+    tensor_positions = tuple(i for i, a in enumerate(arguments) if str(a.type) == "Tensor" and not a.kwarg_only)
+    inplace = len(written) == 1 and written[0][0] == 0 and not arguments[0].kwarg_only  # self alone written
+
+    def kernel(keyset, *args, **kwargs):
+        # Every in-place op on the device comes here: the usual case (a functional self, the only
+        # tensor written, laid out so no two elements meet) allocates nothing on its way through,
+        # as each allocation brings Python's collector nearer.
+        self = args[0] if inplace else None
+        if not (isinstance(self, torch.Tensor) and torch._is_functional_tensor(self)):
+            targets = picked(written, args, kwargs)
+            if not all(isinstance(t, torch.Tensor) and torch._is_functional_tensor(t) for t in targets) \
+                    and _reads_lazy(picked(read, args, kwargs)):
+                host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
+                if op is not aten.copy_.default:
+                    raise _host_written(op, host)
+                return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
+        elif not self.is_contiguous():  # a contiguous tensor has no two elements in one place
+            result = _write_overlapping(op, args, kwargs)
+            if result is not None:
+                return result
+        for i in tensor_positions:
+            if i < len(args) and not isinstance(args[i], torch.Tensor):
+                args = _numbers_as_tensors(args, tensor_positions)
+                break
+        return original.call_boxed(keyset, *args, **kwargs)
+    return kernel
+
+
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
+
+
+def _numbers_as_tensors(args, positions):
+    """A Python kernel receives a wrapped number (`x.mul_(0.9)`) as a Python number, which
+    the boxed call back does not take for a Tensor: a 0-d tensor of the dtype that
+    promotes as the number would (a float: the default dtype, the same category)."""
+    args = list(args)
+    for i in positions:
+        if i < len(args) and type(args[i]) in _NUMBER_DTYPES:
+            dtype = _NUMBER_DTYPES[type(args[i])]
+            if dtype is None:
+                default = torch.get_default_dtype()
+                dtype = default if type(args[i]) is float else default.to_complex()
+            args[i] = torch.scalar_tensor(args[i], dtype=dtype)
+    return args
+
+
+def _writing_ops(skip: set):
+    """Every aten op that writes a tensor argument, by its Functionalize kernel."""
+    registered = set(torch._C._dispatch_get_all_op_names())  # the JIT's schemas include TorchScript's own
+    for schema in torch._C._jit_get_all_schemas():
+        name = f"{schema.name}.{schema.overload_name}" if schema.overload_name else schema.name
+        if not schema.name.startswith("aten::") or schema.name in skip or name not in registered:
+            continue
+        writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+        if writes and torch._C._dispatch_has_kernel_for_dispatch_key(name, "Functionalize"):
+            yield name
+
+
+def _unfold(original):
+    """unfold on a lazy tensor as the as_strided view of its base that it is:
+    functionalization's inverse of unfold (unfold_backward) adds overlapping windows up
+    (size > step) and zeroes the elements no window covers, where eager's writes through
+    the view change just what they write; as_strided's inverse is a scatter (see
+    as_strided_scatter's lowering). Functionalization takes as_strided only of a base (it
+    is not compositional), and xlakit's as_strided addresses that base's elements in row-major order:
+    a base laid out so from offset 0. Others keep torch's kernel."""
+    def kernel(keyset, self, dimension, size, step):
+        base = _row_major_base(self) if self.device.type == "lazy" else None
+        if base is not None:
+            view = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta") \
+                .unfold(dimension, size, step)
+            return aten.as_strided.default(base, view.shape, view.stride(), self.storage_offset() + view.storage_offset())
+        return original.call_boxed(keyset, self, dimension, size, step)
+    return kernel
+
+
+def _one_hot(self, num_classes=-1):
+    """one_hot's composite reads the classes' min and max back to check them
+    (two syncs per call) on devices it does not know; recorded as one node,
+    its lowering checks them in the step's executable. With num_classes=-1
+    the shape depends on the data: the composite, as in eager."""
+    if num_classes < 0:
+        return aten.one_hot.default.decompose(self, num_classes)
+    functional = torch._is_functional_tensor(self)
+    out = dispatch(aten.one_hot.default, (unwrap(self),), {"num_classes": num_classes})
+    return wrap(out) if functional else out
+
+
+def _pack_padded_sequence(input, lengths, batch_first):
+    """Packing keeps its batch sizes on the host, as eager's does for every device (packed
+    RNNs read them there): eager's own kernel gives them, and its checks, from a
+    one-feature host tensor of the input's shape; the data are the input's rows, gathered
+    by ops autograd records."""
+    shape = (*input.shape[:2], 1)
+    _, batch_sizes = aten._pack_padded_sequence.default(torch.empty(shape), lengths, batch_first)
+    steps = input.transpose(0, 1) if batch_first else input
+    return torch.cat([steps[t, :size] for t, size in enumerate(batch_sizes.tolist())]), batch_sizes
+
+
+def _pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length):
+    """Unpacking: eager's kernel on the host says the lengths and checks the sizes; the
+    padded output is built from the data's rows by ops autograd records."""
+    _, lengths = aten._pad_packed_sequence.default(torch.empty(data.shape[0], 1), batch_sizes, batch_first,
+                                                   padding_value, total_length)
+    sizes = batch_sizes.tolist()
+    steps = max(total_length, len(sizes))
+    rows, start = [], 0
+    for size in sizes + [0] * (steps - len(sizes)):
+        rows.append(torch.cat([data[start:start + size],
+                               data.new_full((len(lengths) - size, *data.shape[1:]), padding_value)]))
+        start += size
+    padded = torch.stack(rows)
+    return (padded.transpose(0, 1) if batch_first else padded), lengths
+
+
+_LIBRARIES: list = []  # torch unregisters a library's kernels when the Library object dies
+
+
+def register_kernels() -> None:
+    """The lazy device's kernels in torch's dispatcher (runtime.install calls this once):
+    the Lazy key's fallback (factories, copies from the host) and xlakit's
+    Functionalize kernels (which serve every device)."""
+    lazy = torch.library.Library("_", "IMPL")
+    lazy.fallback(_lazy_backend, "Lazy")
+    functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
+    own = ((aten.addcmul_.default, aten.addcmul.default), (aten.addcdiv_.default, aten.addcdiv.default),
+           (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor))
+    with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
+        warnings.simplefilter("ignore")
+        functionalize.impl("lift_fresh", _lift_fresh_functionalize)
+        functionalize.impl(aten.unfold.default, _unfold(torch.library.get_kernel(aten.unfold.default, "Functionalize")),
+                           with_keyset=True)
+        for inplace, functional in own:
+            functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
+        for name in _writing_ops({inplace._schema.name for inplace, _ in own}):
+            op = torch._library.utils.lookup_op(name)
+            functionalize.impl(op, _checked_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
+    autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
+    autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
+    autograd.impl("_pack_padded_sequence", _pack_padded_sequence)
+    autograd.impl("_pad_packed_sequence", _pad_packed_sequence)
+    _LIBRARIES.extend((lazy, functionalize, autograd))

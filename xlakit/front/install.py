@@ -1,0 +1,39 @@
+"""What xlakit changes in torch, JAX and Python for the whole process, in one
+place, done once, on first use of the lazy device (`xlakit.device()`), never
+at import: a user's own JAX or torch code in the same process is unaffected by
+`import xlakit`. The README lists each change.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import jax
+
+from ..engine import cache
+from . import autocast, device_module, functionalization, labels, modules, serialization
+
+_LOCK = threading.Lock()
+_INSTALLED = False
+
+
+def install() -> None:
+    """Install everything the lazy device needs; idempotent."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    with _LOCK:
+        if _INSTALLED:
+            return
+        jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaults to 32 bits
+        cache.enable_persistent_cache(cache.default_cache_dir())
+        # JAX warns when a donated buffer cannot be aliased to an output; the plan
+        # only donates buffers with a same-shaped output, so the warning is noise.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        functionalization.register_kernels()
+        device_module.install()
+        modules.install()
+        labels.install()
+        autocast.install()
+        serialization.install()
+        _INSTALLED = True

@@ -1,0 +1,685 @@
+"""The torch side: how aten ops on lazy tensors become IR.
+
+PyTorch's functionalization layer turns views and in-place ops into functional
+ops before they reach `LazyTensor.__torch_dispatch__` (tensor.py), so the IR
+holds only functional ops and an in-place update is a rebinding of the wrapper
+to a new `LazyTensor`. Each op is handled as the op table (ops.py) says:
+recorded as a node (shape and dtype from torch's meta kernels, memoized),
+decomposed, run eagerly on CPU (eager.py), or by a handler of its own here.
+xlakit's kernels in torch's dispatcher live in functionalization.py.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import torch
+import torch._decomp
+from torch._prims_common import get_computation_dtype
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+from .. import lowerings
+from ..config import config
+from ..core import sources, transfer
+from ..core.ir import Aval, DeviceData, Node, Slot, fill
+from ..engine.executor import current
+from ..lowerings import eager, to_jax
+from ..lowerings import policy as ops
+from ..lowerings.policy import Handling, NeedsEager
+from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
+
+_META = torch.device("meta")
+
+
+aten = torch.ops.aten
+
+
+# -- recording ------------------------------------------------------------------
+_LIFTED = ("lifted-scalar",)
+_SCALAR_CACHE: dict[tuple, DeviceData] = {}
+
+
+_OP_INFO: dict = {}
+
+
+def _functional_of_inplace(op):
+    """`add_.Tensor` -> `add.Tensor`; None for ops that mutate nothing."""
+    schema = op._schema
+    if not schema.arguments or not (schema.arguments[0].alias_info and schema.arguments[0].alias_info.is_write):
+        return None
+    name = op._overloadpacket.__name__
+    if not name.endswith("_") or name.startswith("_foreach"):
+        return None
+    packet = getattr(aten, name[:-1], None)
+    if packet is None or op._overloadname not in packet.overloads():
+        return None
+    return getattr(packet, op._overloadname)
+
+
+# `_foreach_add.List` -> `add.Tensor`: how foreach overload names map to the per-tensor op's.
+_FOREACH_OVERLOADS = {"List": ("Tensor", "default"), "ScalarList": ("Scalar", "default", "Tensor"),
+                      "Scalar": ("Scalar", "default", "Tensor"), "Tensor": ("Tensor", "default"),
+                      "default": ("default",)}
+
+
+def _per_tensor_of_foreach(op):
+    """(per-tensor op, positions of list arguments) for a functional `_foreach_*` op."""
+    name = op._overloadpacket.__name__
+    if not name.startswith("_foreach_") or name.endswith("_"):
+        return None
+    packet = getattr(aten, name.removeprefix("_foreach_"), None)
+    if packet is None:
+        return None
+    for overload in _FOREACH_OVERLOADS.get(op._overloadname, (op._overloadname,)):
+        if overload in packet.overloads():
+            positions = tuple(i for i, a in enumerate(op._schema.arguments)
+                              if a.type.kind() == "ListType")
+            return getattr(packet, overload), positions
+    return None
+
+
+def _view_of_copy(op):
+    """`t_copy` -> `t`, `split_copy` -> `split`, ...: the view op that functionalization records
+    as `op`; None for other ops."""
+    name = op._overloadpacket.__name__
+    packet = getattr(aten, name.removesuffix("_copy"), None) if name.endswith("_copy") else None
+    if packet is None or op._overloadname not in packet.overloads():
+        return None
+    view = getattr(packet, op._overloadname)
+    returns = view._schema.returns
+    return view if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write else None
+
+
+class _OpInfo:
+    """What the frontend needs to know about one aten op, computed once: the
+    op table's policy (ops.policy), its implementations, and what the op's
+    schema says."""
+
+    __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
+                 "functional", "foreach", "shape_only_random", "view", "cpu_indices", "opmath_scalar",
+                 "checked_scalars", "fill")
+
+    def __init__(self, op):
+        policy = ops.policy(op)
+        self.special = _SPECIAL[ops.key(op)] if policy.handling is Handling.FRONTEND else None
+        lift = policy.lift_scalars
+        # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
+        # arguments of arithmetic ops, and Python floats where a Tensor is expected
+        # (PyTorch's decompositions pass them so; torch treats them as 0-d tensors)
+        scalar = [(lift and str(a.type) in ("number", "Optional[number]")) or str(a.type) == "Tensor"
+                  for a in op._schema.arguments]
+        self.scalar_args = tuple(scalar)
+        self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
+        self.lowerable = to_jax.has_lowering(op)
+        self.eager_reason = policy.reason if policy.handling in (Handling.EAGER, Handling.RANDOM) \
+            else "no XLA lowering"
+        self.decomposition = to_jax.decomposition(op)
+        self.functional = _functional_of_inplace(op) or _functional_of_out(op)
+        self.foreach = _per_tensor_of_foreach(op)
+        self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
+        self.view = _view_of_copy(op)
+        self.cpu_indices = policy.cpu_indices
+        found = lowerings.find(op)
+        self.opmath_scalar = found.opmath_scalar if found else ""
+        # (position, name) of each Scalar argument eager checks (ops.Policy.checked_scalars)
+        self.checked_scalars = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+                                     if a.name in policy.checked_scalars)
+        self.fill = policy.fill
+
+
+def op_info(op) -> _OpInfo:
+    # Keyed by id: ops are process-wide singletons and OpOverload.__hash__ is Python code.
+    info = _OP_INFO.get(id(op))
+    if info is None:
+        info = _OP_INFO[id(op)] = _OpInfo(op)
+    return info
+
+
+def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
+    key = (repr(value), dtype)
+    data = _SCALAR_CACHE.get(key)
+    if data is None:
+        if len(_SCALAR_CACHE) > 4096:
+            _SCALAR_CACHE.clear()
+        host = torch.tensor(value, dtype=dtype)
+        data = _SCALAR_CACHE[key] = DeviceData(
+            transfer.to_device(host), Aval((), dtype), label="scalar", read_only=True)
+    return data
+
+
+@functools.cache
+def _c10_name(dtype: torch.dtype) -> str:
+    """c10's name of dtype in eager's overflow message (`at::Half` in torch 2.9, `c10::Half` in
+    2.13): asked of eager, which checks a fill of two elements."""
+    probe = 1e300 if dtype.is_floating_point or dtype.is_complex else 2 ** 62
+    try:
+        torch.full((2,), probe, dtype=dtype)
+    except RuntimeError as e:
+        found = re.search(r"to type (.+) without overflow", str(e))
+        if found:
+            return found.group(1)
+    return str(dtype)
+
+
+def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
+    """Raise eager's error where a Scalar argument does not fit the type eager's
+    kernel converts it to (ops.Policy.checked_scalars): XLA would wrap it or make
+    it inf. The value is a Python constant, so this needs no sync."""
+    for position, name in info.checked_scalars:
+        value = args[position] if position < len(args) else kwargs.get(name)
+        if not isinstance(value, (int, float, complex)):
+            continue
+        dtype = aval.dtype
+        if info.opmath_scalar == name:
+            dtype = get_computation_dtype(dtype)  # float32 for float16 / bfloat16
+        elif func._overloadpacket is aten.pow and dtype in (torch.float32, torch.float64):
+            continue  # pow's float kernels read the exponent in double
+        if info.fill and dtype in (torch.float16, torch.bfloat16) and math.prod(aval.shape) == 1:
+            continue
+        if _overflows(value, dtype):
+            where = sources.describe(sources.capture())
+            raise RuntimeError(
+                f"{func}: value cannot be converted to type {_c10_name(dtype)} without overflow: "
+                f"{name}={value!r} does not fit {dtype}" + (f" (at {where})" if where else "")
+                + ". Pass a value in the tensor's range, or cast the tensor to a wider dtype first.")
+
+
+def _overflows(value, dtype: torch.dtype) -> bool:
+    """c10's `overflows<To, From>`, as checked_convert asks it: ints compare exactly, floats
+    as doubles; infinities fit a float type, NaN and infinities no integer type; an
+    unsigned type takes negative ints down to -max (they wrap); a complex value fits a
+    real type only with a zero imaginary part."""
+    if dtype is torch.bool or isinstance(value, bool):
+        return False
+    if dtype.is_complex:
+        limit = torch.finfo(dtype).max
+        return any(math.isfinite(part) and abs(part) > limit for part in (value.real, value.imag))
+    if isinstance(value, complex):
+        if value.imag != 0:
+            return True
+        value = value.real
+    if dtype.is_floating_point:
+        return math.isfinite(value) and abs(float(value)) > torch.finfo(dtype).max
+    info = torch.iinfo(dtype)
+    if isinstance(value, float):
+        return not math.isfinite(value) or value < float(info.min) or value > float(info.max)
+    lowest = -info.max if info.min == 0 else info.min
+    return value < lowest or value > info.max
+
+
+def _split(func, info: _OpInfo, args, kwargs):
+    """Separate tensors from constants.
+
+    Returns (template, tensors, signature): template has `Slot`s where tensors
+    (and lifted scalars) were; signature replaces tensors by their avals and is
+    the memo key for shape inference, with the default dtype, which meta
+    kernels read (int tensor / 4, arange(0., 3.), eye(2)).
+    """
+    tensors: list = []
+    arg_template, arg_signature = [], []
+    for value, lifted in zip(args, info.scalar_args):
+        t, sig = _split_one(value, tensors, lifted)
+        arg_template.append(t)
+        arg_signature.append(sig)
+    kw_template, kw_signature = [], []
+    for name, value in kwargs.items():
+        t, sig = _split_one(value, tensors, name in info.scalar_kwargs)
+        kw_template.append((name, t))
+        kw_signature.append((name, sig))
+    template = (tuple(arg_template), tuple(kw_template))
+    return template, tensors, (id(func), torch.get_default_dtype(), tuple(arg_signature), tuple(kw_signature))
+
+
+# Module-level, not nested: a recursive closure forms a reference cycle that
+# would keep every tensor it saw alive until the garbage collector runs.
+def _split_one(value, tensors: list, lifted: bool):
+    if isinstance(value, torch.Tensor):
+        tensors.append(value)
+        return Slot(len(tensors) - 1), (value.shape, value.dtype, value.stride())
+    if isinstance(value, (list, tuple)):
+        parts = [_split_one(v, tensors, False) for v in value]
+        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
+    if lifted and type(value) is float:
+        tensors.append(value)
+        return Slot(len(tensors) - 1), _LIFTED
+    if isinstance(value, torch.device):
+        return value, str(value)
+    if isinstance(value, (float, complex)):  # exact: 0.0 == -0.0, yet 1 / x tells them apart
+        return value, (value.__class__, repr(value))
+    return value, (value.__class__, value)
+
+
+# memo: signature -> (output avals, output structure, node signature bytes, template, output layouts).
+# A signature determines its template, so nodes share the memo's template: fewer
+# objects per recorded op outlive it, and Python's collector runs less often.
+# Bounded (~1.2 KB each; ever-new slice offsets would grow it without end): the oldest go first.
+_SHAPES: dict = {}
+_SHAPES_LIMIT = 8192
+
+
+def _infer(func, template, tensors, signature):
+    cached = _SHAPES.get(signature)
+    if cached is not None:
+        return cached
+    if len(_SHAPES) >= _SHAPES_LIMIT:
+        del _SHAPES[next(iter(_SHAPES))]
+    metas = [_meta(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+    args, kwargs = fill(_meta_template(template), metas)
+    try:
+        out = func(*args, **kwargs)
+    except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
+        raise NeedsEager("output shape depends on the data") from e
+    except RuntimeError as e:
+        if "meta" in str(e):  # "cannot repeat_interleave a meta tensor without output_size": it needs the data
+            raise NeedsEager(f"its meta kernel cannot say its output ({e})") from e
+        raise
+    layouts_of = out
+    view = op_info(func).view
+    if view is not None:  # a view_copy's strides and offset are its view's (the copy's are contiguous)
+        try:
+            layouts_of = view(*args, **kwargs)
+        except RuntimeError:  # a view its input's strides cannot give (a replay off a rewritten base)
+            pass
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
+        raise NeedsEager("returns Python values, not tensors")
+    # None: an output the op was asked not to compute (e.g. a backward's output_mask)
+    avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
+    structure = type(out) if isinstance(out, (tuple, list)) else None
+    node_signature = repr((str(func), template, avals)).encode()
+    layouts = tuple(None if o is None else (o.stride(), o.storage_offset())
+                    for o in (layouts_of if isinstance(layouts_of, (tuple, list)) else (layouts_of,)))
+    result = _SHAPES[signature] = (avals, structure, node_signature, template, layouts)
+    return result
+
+
+def _meta(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
+
+
+def _meta_template(template):
+    args, kwargs = template
+    return tuple(_to_meta(a) for a in args), tuple((k, _to_meta(v)) for k, v in kwargs)
+
+
+def _to_meta(v):
+    if isinstance(v, torch.device):
+        return _META
+    if isinstance(v, tuple):
+        return tuple(_to_meta(x) for x in v)
+    return v
+
+
+def _operand(value, func, source, tensors: list):
+    """What one tensor argument (or lifted float) contributes to a node."""
+    if isinstance(value, LazyTensor):
+        return value._state.operand()
+    if isinstance(value, float):  # in the dtype of the op's first float tensor, as torch computes it
+        float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
+                           torch.get_default_dtype())
+        if op_info(func).opmath_scalar:  # float32 for float16 / bfloat16 (lowerings.Lowering.opmath_scalar)
+            float_dtype = get_computation_dtype(float_dtype)
+        return _lifted_scalar(value, float_dtype)
+    transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
+    # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
+    if value.dim() == 0:  # a CPU scalar (functionalization.py passes x.mul_(0.9)'s 0.9 so): uploaded once
+        return _lifted_scalar(value.item(), value.dtype)
+    data = from_host(value)._state.data  # CPU indices (_record lets no other CPU tensor in)
+    data.read_only = True
+    return data
+
+
+def mixed_devices(func, other: torch.device, source) -> RuntimeError:
+    """Eager torch's error for an op given tensors on two devices, with the user's line and the remedy."""
+    where = f" (at {sources.describe(source)})" if source is not None else ""
+    return RuntimeError(
+        f"{func}: expected all tensors to be on the same device, but found at least two devices, "
+        f"{DEVICE} and {other}{where}. Move the {other.type} tensor with .to(xlakit.device()), "
+        f"or the lazy one with .cpu()."
+    )
+
+
+def dispatch(func, args, kwargs):
+    info = op_info(func)
+    if info.special is not None:
+        return info.special(*args, **kwargs)
+    if info.functional is not None:
+        return _mutate(func, info.functional, args, kwargs)
+    if info.foreach is not None:
+        return _foreach(info.foreach, args, kwargs)
+    return _record(func, args, kwargs)
+
+
+def _foreach(list_args, args, kwargs):
+    """A `_foreach_*` op (optimizers' foreach paths) is its per-tensor op, once
+    per list element: XLA fuses them in the step's graph anyway."""
+    per_tensor, positions = list_args
+    params = per_tensor._schema.arguments
+    count = len(args[positions[0]])
+    results = []
+    for i in range(count):
+        # the i-th foreach argument is the i-th per-tensor argument, which may be keyword-only
+        args_i, kwargs_i = [], dict(kwargs)
+        for p, a in enumerate(args):
+            value = a[i] if p in positions and a is not None else a
+            if params[p].kwarg_only:
+                kwargs_i[params[p].name] = value
+            else:
+                args_i.append(value)
+        results.append(dispatch(per_tensor, args_i, kwargs_i))
+    return results
+
+
+def _mutate(func, functional, args, kwargs):
+    """An in-place op below functionalization (PyTorch decompositions write
+    running statistics with copy_): compute the functional op, rebind self."""
+    if "out" in kwargs:
+        return _write_out(functional, args, kwargs)
+    self = args[0]
+    if functional is aten.copy.default:
+        value = _copy(*args, **kwargs)
+    else:
+        value = dispatch(functional, args, kwargs)
+    current().register(self, value._state)
+    return self
+
+
+def _functional_of_out(op):
+    """`eye.m_out` -> `eye.m`; None unless the op writes one `out` argument."""
+    outs = [a.name for a in op._schema.arguments if a.is_out]
+    return functional_variant(op) if outs == ["out"] else None
+
+
+def _write_out(functional, args, kwargs):
+    """An out= op below functionalization (a composite kernel such as eye.m
+    calls eye.m_out on an empty tensor): compute the functional op, then make
+    `out` that value, resized as eager out= ops do."""
+    kwargs = dict(kwargs)
+    out = kwargs.pop("out")
+    if "dtype" in (a.name for a in functional._schema.arguments) and "dtype" not in kwargs:
+        kwargs.update(dtype=out.dtype, device=DEVICE)  # a factory makes out's dtype
+    value = dispatch(functional, args, kwargs)
+    if value.dtype != out.dtype:
+        value = _record(aten._to_copy.default, (value,), {"dtype": out.dtype})
+    if value.shape != out.shape:  # resize out's TensorImpl in place (the guard: set_data's type check)
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Python)):
+            out.data = value
+    current().register(out, value._state)
+    return out
+
+
+def _record(func, args, kwargs):
+    """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
+    info = op_info(func)
+    if info.decomposition is not None:
+        return info.decomposition(*args, **kwargs)
+    if info.shape_only_random:
+        # drawn by torch's CPU generator (so torch.manual_seed holds) from the
+        # input's shape and layout alone: nothing to sync, no graph split
+        like = [_host_like(a) if isinstance(a, LazyTensor) else a for a in args]
+        return from_host(func(*like, **to_cpu(kwargs)))
+    template, tensors, signature = _split(func, info, args, kwargs)
+    for t in tensors:  # a loop, not a generator: this runs for every recorded op
+        if t.__class__ is not LazyTensor and isinstance(t, torch.Tensor) and t.dim() and not info.cpu_indices:
+            return _with_host_tensor(func, args, kwargs, template, tensors, signature, t)
+    if info.cpu_indices and any(i is not None and i.dtype is torch.uint8 for i in args[1]):
+        return run_eagerly(func, args, kwargs, reason="a uint8 index is deprecated: eager's own path, warning "
+                                                      "and errors (its meta kernel rejects it)")
+    try:
+        avals, structure, node_signature, template, layouts = _infer(func, template, tensors, signature)
+    except NeedsEager as e:
+        return run_eagerly(func, args, kwargs, reason=str(e))
+    except Exception as e:
+        where = sources.describe(sources.capture())
+        raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
+    if info.checked_scalars:
+        _check_scalars(func, info, args, kwargs, avals[0])
+    if not info.lowerable:
+        return run_eagerly(func, args, kwargs, reason=info.eager_reason)
+    if id(func) in ops.FAILED:
+        return run_eagerly(func, args, kwargs, reason="its XLA lowering failed")
+    source = sources.capture()
+    operands = tuple(_operand(t, func, source, tensors) for t in tensors)
+    node = Node(func, operands, template, avals, source, node_signature)
+    # a view's storage offset is its input's plus what the view adds (the meta input had none)
+    offset = _view_offset(func, tensors[0], template) if info.view is not None else 0
+    if info.view is not None and torch.is_inference_mode_enabled() and not tensors[0].is_inference():
+        # In inference mode a view of a normal tensor is a normal tensor (eager
+        # torch). Functionalization gives the view's wrapper the inner value's
+        # inference-ness, then the base's version counter, which torch refuses
+        # for an inference tensor ("Cannot set version_counter for inference
+        # tensor": every view failed under torch.inference_mode, as in torch_xla).
+        with torch._C._InferenceMode(False):
+            outputs = _outputs(node, avals, layouts, offset)
+    else:
+        outputs = _outputs(node, avals, layouts, offset)
+    return structure(outputs) if structure is not None else outputs[0]
+
+
+def _outputs(node, avals, layouts, offset):
+    return [None if aval is None else new_tensor(aval, node, i, layout=(layout[0], layout[1] + offset))
+            for i, (aval, layout) in enumerate(zip(avals, layouts))]
+
+
+def _view_offset(func, base, template) -> int:
+    """The storage offset a view adds to: its input's; as_strided's explicit offset is absolute."""
+    if func is aten.as_strided_copy.default:
+        args, kwargs = template
+        if (args[3] if len(args) > 3 else dict(kwargs).get("storage_offset")) is not None:
+            return 0
+    return base.storage_offset()
+
+
+def _with_host_tensor(func, args, kwargs, template, tensors, signature, host):
+    """A CPU tensor (not a scalar) among lazy ones. Eager torch on a device takes it
+    where the op takes CPU tensors by contract (pack_padded_sequence's lengths),
+    and raises elsewhere. The op's meta kernel says which: it fails on a meta
+    copy of such a tensor and runs with the CPU tensor itself. The values may
+    set the output's shape: eager."""
+    try:
+        _infer(func, template, tensors, signature)
+    except Exception:  # noqa: BLE001 - the meta copy was refused: try the CPU tensor itself
+        metas = [_meta(t) if isinstance(t, LazyTensor) else t for t in tensors]
+        meta_args, meta_kwargs = fill(_meta_template(template), metas)
+        try:
+            func(*meta_args, **meta_kwargs)
+        except Exception as e:  # the meta kernel's own message follows, as the cause
+            raise mixed_devices(func, host.device, sources.capture()) from e
+        return run_eagerly(func, args, kwargs, reason="takes a CPU tensor; its values may set the output's shape")
+    raise mixed_devices(func, host.device, sources.capture())
+
+
+# -- eager fallback -----------------------------------------------------------
+def run_eagerly(func, args, kwargs, *, reason: str):
+    """Run one op in eager torch on CPU (eager.py): inputs by a partial sync, results uploaded."""
+    source = sources.capture()
+    if config.strict_lowering:
+        where = f" at {sources.describe(source)}" if source else ""
+        raise NotImplementedError(
+            f"xlakit: {func} cannot be lowered to XLA ({reason}){where}, and "
+            "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
+        )
+    current().count_fallback()
+    eager.warn_once(func, reason, source)
+    lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
+    current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
+    return _upload_outputs(eager.run(func, to_cpu(list(args)), to_cpu(kwargs)))
+
+
+def to_cpu(v):
+    if isinstance(v, LazyTensor):
+        return transfer.to_host(current().read(v._state).array, v.dtype)
+    if isinstance(v, torch.device) and v.type == "lazy":
+        return torch.device("cpu")
+    if isinstance(v, (list, tuple)):
+        return type(v)(to_cpu(x) for x in v)
+    if isinstance(v, dict):
+        return {k: to_cpu(x) for k, x in v.items()}
+    return v
+
+
+def _upload_outputs(out):
+    if isinstance(out, torch.Tensor):
+        return from_host(out)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_upload_outputs(o) for o in out)
+    return out
+
+
+def _leaves(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _leaves(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _leaves(v)
+    else:
+        yield value
+
+
+# -- ops with their own meaning on a lazy device ------------------------------
+def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    if device is not None and torch.device(device).type != "lazy":
+        host = to_host(x, trigger="cpu")
+        return host.to(device=device, dtype=dtype or host.dtype)
+    return _record(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
+
+
+def _copy(dst, src, non_blocking=False):
+    """src's value in dst's place: cast, broadcast, and laid out as dst (copy_ keeps dst's strides)."""
+    if not isinstance(src, LazyTensor):
+        transfer.require_dense(src)
+        src = from_host(src.to(dtype=dst.dtype).expand(dst.shape))
+    if src.dtype != dst.dtype:
+        src = _record(aten._to_copy.default, (src,), {"dtype": dst.dtype})
+    if tuple(src.shape) != tuple(dst.shape):
+        src = _record(aten.expand_copy.default, (src, list(dst.shape)), {})
+    return LazyTensor(src._state, (dst.stride(), dst.storage_offset()))
+
+
+def alias(x, *_, **__):
+    """A new tensor sharing x's value (values are immutable): no node, no copy."""
+    return LazyTensor(x._state, (x.stride(), x.storage_offset()))
+
+
+def _clone(x, **kwargs):
+    """x's value (values are immutable), with the strides eager's clone gives it."""
+    return LazyTensor(x._state, _layout(aten.clone.default, (x,), kwargs))
+
+
+def _layout(func, args, kwargs):
+    """(strides, storage offset) of func's first output in eager torch, from the shape memo."""
+    info = op_info(func)
+    template, tensors, signature = _split(func, info, args, kwargs)
+    strides, offset = _infer(func, template, tensors, signature)[4][0]
+    return strides, offset + (_view_offset(func, tensors[0], template) if info.view is not None else 0)
+
+
+def _slice_copy(*args, **kwargs):
+    piece = _slice_of_cat(*args, **kwargs)
+    if piece is None:
+        return _record(aten.slice_copy.Tensor, args, kwargs)
+    return LazyTensor(piece._state, _layout(aten.slice_copy.Tensor, args, kwargs))
+
+
+def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
+    """A slice of a pending cat that lies inside one of its inputs, taken from
+    that input: generate() appends each token with cat and reads the last one
+    back, and its decode step should neither hold the growing cat nor change
+    shape with every token. None when that does not apply."""
+    operand = x._state.operand()
+    if operand.__class__ is not tuple or operand[0].op is not aten.cat.default or step != 1:
+        return None
+    node = operand[0]
+    cat_args, cat_kwargs = node.template
+    cat_dim = cat_args[1] if len(cat_args) > 1 else dict(cat_kwargs).get("dim", 0)
+    shape = node.avals[0].shape
+    if dim % len(shape) != cat_dim % len(shape):
+        return None
+    length = shape[dim]
+    start = 0 if start is None else min(max(start + length if start < 0 else start, 0), length)
+    end = length if end is None else min(max(end + length if end < 0 else end, 0), length)
+    offset = 0
+    for piece in node.operands:
+        data = piece if piece.__class__ is DeviceData else None
+        aval = data.aval if data is not None else piece[0].avals[piece[1]]
+        if len(aval.shape) != len(shape) or aval.dtype != x.dtype:
+            return None  # a skipped empty input, or a dtype that cat promotes
+        size = aval.shape[dim]
+        if offset <= start < end <= offset + size:
+            inner = new_tensor(aval, None if data else piece[0], 0 if data else piece[1], data)
+            if (start, end) == (offset, offset + size):
+                return inner
+            return _record(aten.slice_copy.Tensor, (inner, dim, start - offset, end - offset), {})
+        offset += size
+    return None
+
+
+def _host_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized host tensor laid out as t: a draw into its empty_like fills memory
+    in the order eager's does, so a transposed input gets eager's values in eager's places."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+
+
+def _native_dropout(x, p, train=None):
+    """Dropout as eager CPU computes it. torch sends dropout on the lazy device
+    to native_dropout (its fused kernel, as on CUDA); on CPU it draws
+    `empty_like(x).bernoulli_(1 - p)` and divides that by 1 - p. Drawn and
+    scaled the same way on the host, the mask, its values and the generator's
+    next state are eager's for the same seed."""
+    if train is False or x.numel() == 0:
+        return alias(x), from_host(torch.ones(x.shape, dtype=torch.bool))
+    noise = torch.empty_like(_host_like(x)).bernoulli_(1 - p)
+    if p < 1:  # p == 1 drops everything (native_dropout's scale is 0)
+        noise.div_(1 - p)
+    noise = from_host(noise)
+    return _record(aten.mul.Tensor, (x, noise), {}), _record(aten.ne.Scalar, (noise, 0), {})
+
+
+def _local_scalar_dense(x):
+    return to_host(x, trigger="item").item()
+
+
+# The frontend's own handlers of the ops the op table marks Handling.FRONTEND.
+_SPECIAL = {ops.key(op): handler for op, handler in {
+    aten._to_copy.default: _to_copy,
+    aten.copy.default: _copy,
+    aten.detach.default: alias,
+    aten.alias.default: alias,
+    aten.detach_copy.default: alias,
+    aten.alias_copy.default: alias,
+    aten.lift_fresh.default: alias,
+    aten.clone.default: _clone,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.native_dropout.default: _native_dropout,
+    aten.slice_copy.Tensor: _slice_copy,
+}.items()}
+if set(_SPECIAL) != ops.named(Handling.FRONTEND):
+    raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
+
+
+def functional_variant(op):
+    """`eye.m_out` -> `eye.m`: the overload named like the out= one, or else
+    the one with the same positional arguments (`arange.start_out` ->
+    `arange.start_step`: `arange.start` has no step)."""
+    packet = op._overloadpacket
+    name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
+    name = name.rstrip("_") or "default"
+    named = getattr(packet, name) if name in packet.overloads() else packet.default
+    positional = _positional_names(op)
+    if _positional_names(named) == positional:
+        return named
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if _positional_names(candidate) == positional and not any(a.is_out for a in candidate._schema.arguments):
+            return candidate
+    return named
+
+
+def _positional_names(op) -> list[str]:
+    return [a.name for a in op._schema.arguments if not a.kwarg_only]
+
+
+set_dispatcher(dispatch)

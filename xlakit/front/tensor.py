@@ -1,0 +1,146 @@
+"""The lazy device's tensors: `LazyTensor`, the functional wrapper around it,
+and moving values between the host and the device.
+
+A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
+around a `LazyTensor`, whose value the engine keeps (a `LiveValue`). Every
+aten op on a LazyTensor goes to the frontend's dispatcher (frontend.py),
+which records it as IR; the frontend installs it with `set_dispatcher`.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ..core import sources, transfer
+from ..core.ir import Aval, DeviceData, Node
+from ..engine.executor import LiveValue, current
+
+DEVICE = torch.device("lazy", 0)
+
+
+# (strides, storage offset) of a tensor, as eager torch would give it
+Layout = tuple
+
+
+def _no_dispatcher(func, args, kwargs):
+    raise RuntimeError("xlakit internal error: xlakit.front.recorder was not imported")
+
+
+_dispatch = _no_dispatcher
+
+
+def set_dispatcher(dispatch) -> None:
+    """dispatch(func, args, kwargs): how an aten op on lazy tensors is recorded."""
+    global _dispatch
+    _dispatch = dispatch
+
+
+class LazyTensor(torch.Tensor):
+    """A torch tensor on the lazy device; its value is kept by the engine."""
+
+    @staticmethod
+    def __new__(cls, state: LiveValue, layout: Layout | None = None):
+        # A functional wrapper takes its inner tensor's strides and storage offset (a view's
+        # wrapper, those of its view op on meta), and contiguous(), reshape() and view()
+        # decide by them whether to copy: they must be eager's (a transposed view that said
+        # it was contiguous was returned by contiguous() itself, and writes to the "copy"
+        # changed its base).
+        if layout is None:
+            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
+        else:
+            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, strides=layout[0],
+                                                    storage_offset=layout[1], dtype=state.aval.dtype,
+                                                    device=DEVICE)
+        current().register(t, state)
+        return t
+
+    @property
+    def _state(self) -> LiveValue:
+        return current().value_of(self)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        try:
+            return _dispatch(func, args, kwargs or {})  # the frontend's (installed on its import)
+        finally:
+            current().add_trace_time(time.perf_counter() - start)
+
+    def __repr__(self) -> str:
+        return f"LazyTensor({self._state})"
+
+
+def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
+               data: DeviceData | None = None, layout: Layout | None = None) -> LazyTensor:
+    return LazyTensor(LiveValue(aval, node, index, data), layout)
+
+
+# -- wrapping -----------------------------------------------------------------
+def wrap(inner: LazyTensor) -> torch.Tensor:
+    t = torch._to_functional_tensor(inner)
+    own(t)
+    return t
+
+
+def unwrap(t: torch.Tensor) -> LazyTensor:
+    """The LazyTensor currently behind a user-visible tensor."""
+    if isinstance(t, LazyTensor):
+        return t
+    if torch._is_functional_tensor(t):
+        torch._sync(t)
+        inner = torch._from_functional_tensor(t)
+        if isinstance(inner, LazyTensor):
+            return inner
+    raise TypeError(f"expected a tensor on {DEVICE}, got one on {t.device}")
+
+
+def lazy_values(obj) -> list[LiveValue]:
+    """The values of the lazy tensors among obj's leaves (a tensor, list, dict, ...)."""
+    return [unwrap(t)._state for t in tree_leaves(obj) if isinstance(t, torch.Tensor) and t.device == DEVICE]
+
+
+# -- owners --------------------------------------------------------------------
+# The user tensors made on the device (.to, factories) or named (labels.py):
+# at each step marker each one's current value is stamped with the tensor's
+# id and the buffer the tensor held before it, so that a step that fails a
+# check can give a tensor it updated in place its old buffer back
+# (verification.py). A tensor that an op made is not tracked: a failed step
+# poisons it.
+_OWNED = WeakTensorKeyDictionary()
+_owner_ids = itertools.count(1)
+
+
+def own(t: torch.Tensor) -> None:
+    if t not in _OWNED:
+        _OWNED[t] = next(_owner_ids)
+
+
+def stamp_owners() -> None:
+    latest = current().ledger.latest
+    for t, owner in list(_OWNED.items()):
+        value = unwrap(t)._state
+        value.owner = owner
+        if value.data is not None:
+            latest[owner] = value.data
+        else:
+            value.previous = latest.get(owner)
+
+
+def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
+    """The device copy keeps a dense host tensor's strides, as eager's copies between devices do."""
+    aval = Aval(tuple(t.shape), t.dtype)
+    strides = t.stride() if t.is_contiguous() else torch.empty_like(t, device="meta").stride()
+    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label), layout=(strides, 0))
+
+
+def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
+    state = inner._state
+    engine = current()
+    engine.sync([state], trigger=trigger, source=sources.user_line())
+    return transfer.to_host(engine.read(state).array, inner.dtype)

@@ -1,0 +1,282 @@
+"""torch.compile backend "xlakit", and the graph-break explorer.
+
+Each FX graph (aten-level, after AOTAutograd, so training works) is run once
+through the lazy engine. If it became exactly one executable with no eager
+fallback, later calls with the same input shapes, dtypes and Python ints
+replay that executable directly on the input buffers;
+otherwise (ops with no lowering, data-dependent syncs) it is interpreted
+lazily on every call, which splits it into several executables. Each split is
+recorded with its FX node, op, reason and user source line.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from ..core import sources, transfer
+from ..core.ir import Aval, DeviceData, Frame, Source
+from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo
+from ..engine import cache
+from ..engine.executor import current
+from ..front import install
+from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
+
+
+@dataclasses.dataclass
+class Split:
+    """Where an FX graph was cut: an eager fallback or a data-dependent sync."""
+
+    node: str
+    op: str
+    reason: str
+    source: Source | None
+
+
+@dataclasses.dataclass
+class CompiledGraph:
+    """What the backend made of one FX graph."""
+
+    index: int
+    fx_nodes: int
+    executables: int                 # executions per call
+    splits: list[Split]
+    partition: dict[str, int]        # FX node name -> executable number it went to
+    replays: bool                    # later calls replay one executable
+    graph: GraphInfo | None = None   # the FX graph, drawable: inputs, nodes by executable, splits marked
+
+
+# The lists of the `compiled_graphs()` blocks now open; nothing else keeps CompiledGraphs.
+_OPEN: list[list[CompiledGraph]] = []
+_numbers = itertools.count()
+# Replays kept per FX graph (least recently used go first); past them, a call is traced again.
+_REPLAYS_PER_GRAPH = 32
+
+
+@contextlib.contextmanager
+def compiled_graphs():
+    """`with compiled_graphs() as graphs:` -- the FX graphs the backend compiles
+    inside the block, in order (also when it raises); blocks nest."""
+    graphs: list[CompiledGraph] = []
+    _OPEN.append(graphs)
+    try:
+        yield graphs
+    finally:
+        del _OPEN[next(i for i, g in enumerate(_OPEN) if g is graphs)]
+
+
+class _Replay:
+    """One executable run directly on the inputs' buffers at every later call.
+
+    param_sources: per executable input, a placeholder position or a constant
+    DeviceData; outputs: per FX output, (executable output index, aval), an
+    input position (passed through), or None.
+    """
+
+    def __init__(self, entry, param_sources: list, outputs: list):
+        self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
+
+    def __call__(self, inputs: list):
+        arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
+                  for src in self.param_sources]
+        results = current().replay(self.entry, arrays, trigger="dynamo")
+        return [out if out is None else inputs[out] if isinstance(out, int)
+                else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
+
+
+def _device_array(t: torch.Tensor):
+    return current().read(unwrap(t)._state).array if t.device == DEVICE else transfer.to_device(t)
+
+
+def _wrap_output(array, aval, like):
+    if any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in like):
+        return wrap(new_tensor(aval, data=DeviceData(array, aval)))
+    return transfer.to_host(array, aval.dtype)
+
+
+def _to_lazy(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    if t.device == DEVICE:
+        return unwrap(t)
+    return from_host(t.detach())
+
+
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
+    install.install()
+    record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
+                           executables=0, splits=[], partition={}, replays=False)
+    for graphs in _OPEN:
+        graphs.append(record)
+    # per input signature, the replay; a graph Dynamo made dynamic takes its sizes and ints
+    # as inputs, and XLA's executables are static: each new signature is traced again
+    replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
+
+    def run(*inputs):
+        signature = _signature(inputs)
+        replay = replays.get(signature)
+        if replay is not None:
+            return replay(list(inputs))
+        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
+        if execution is not None and record.executables == 1 and not record.splits:
+            replay = _plan(*execution, placeholder_data, output_values)
+            record.replays = replay is not None
+            if replay is not None:
+                replays.put(signature, replay)
+        return _outputs_like(outputs, inputs)
+
+    return make_boxed_func(run)
+
+
+def _signature(inputs) -> tuple:
+    """What a replay's executable was specialized to: each tensor input's shape and
+    dtype, each other input's type and value (an int may be a size, a repeat count)."""
+    return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs)
+
+
+def _interpret(gm, inputs, record: CompiledGraph):
+    """Run the FX graph on lazy tensors. Returns its outputs, the last execution
+    (entry, graph), the placeholders' device data, and each output's pending
+    value before that execution."""
+    lazy_inputs = [_to_lazy(t) for t in inputs]
+    placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
+    env: dict = {}
+    placeholders = iter(lazy_inputs)
+    outputs = None
+    with current().log.capture() as steps:
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node.name] = next(placeholders)
+            elif node.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+                executions_before = len(steps)
+                source = _user_line(node)
+                with sources.recorded_at(source):
+                    value = node.target(*args, **kwargs)
+                # the graph was traced on host tensors: what its factories make on the
+                # host (e.g. the indices of a decomposed resize) moves where the graph runs
+                on_host = isinstance(value, torch.Tensor) and value.device != DEVICE
+                env[node.name] = _to_lazy(value) if on_host else value
+                if len(steps) > executions_before:  # this node forced an execution: a split
+                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
+                record.partition[node.name] = len(steps)
+            elif node.op == "get_attr":
+                env[node.name] = _to_lazy(getattr(gm, node.target))
+            elif node.op == "output":
+                outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
+        flat = list(_flatten(outputs))
+        output_values = [_pending_or_data(o) for o in flat]
+        lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
+        execution = current().sync(lazy, trigger="dynamo") if lazy else None
+    record.executables = len(steps)
+    record.graph = _fx_graph_info(gm, record)
+    return outputs, execution, placeholder_data, output_values
+
+
+def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo:
+    """The FX graph as a GraphInfo: each node's `partition` is the executable it went to."""
+    split_nodes = {s.node for s in record.splits}
+    params, nodes, where = [], [], {}
+    for node in gm.graph.nodes:
+        avals = _avals(node.meta.get("val"))
+        if node.op == "placeholder":
+            where[node.name] = len(params)
+            params.append(ParamInfo(aval=avals[0] if len(avals) == 1 else None, label=node.name, donated=False))
+        elif node.op == "call_function":
+            operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
+            where[node.name] = Output(len(nodes), 0)
+            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=_user_line(node),
+                                  split=node.name in split_nodes, partition=record.partition.get(node.name, 0)))
+    outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
+                    if isinstance(where.get(a.name), Output))
+    return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
+
+
+def _avals(value) -> tuple[str, ...]:
+    """The avals of an FX node's example value (Dynamo's fake tensors); () if unknown."""
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return ()
+    return tuple(str(Aval(tuple(v.shape), v.dtype)) for v in values)
+
+
+def _user_line(node: torch.fx.Node) -> Source | None:
+    """The user and library code an FX node came from, from Dynamo's stack trace
+    (none for a torch module's op: its frames are torch's and Dynamo's)."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = []
+    for text in trace.splitlines():
+        if text.strip().startswith("File "):  # 'File "/path/x.py", line 12, in forward'
+            filename, _, rest = text.strip().removeprefix('File "').partition('", line ')
+            line, _, function = rest.partition(", in ")
+            frames.append(Frame(filename, int(line), function))
+    return sources.of_traceback(frames)
+
+
+def _pending_or_data(o):
+    if not isinstance(o, LazyTensor):
+        return o
+    state = o._state
+    return (state.node, state.index, state.aval) if state.node is not None else state.data
+
+
+def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
+    """How to replay `entry` on new inputs, or None when an output is not one
+    of its results (an input passed through, or a value computed earlier)."""
+    where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
+    sources = []
+    for p in graph.params:
+        if id(p) not in where:
+            p.read_only = True  # a constant the replay keeps using
+        sources.append(where.get(id(p), p))
+    root_of = {(id(graph.nodes[n]), i): k for k, (n, i) in enumerate(graph.roots)}
+    outputs = []
+    for value in output_values:
+        if value is None:
+            outputs.append(None)
+        elif isinstance(value, tuple) and (id(value[0]), value[1]) in root_of:
+            outputs.append((root_of[(id(value[0]), value[1])], value[2]))
+        elif isinstance(value, DeviceData) and id(value) in where:
+            outputs.append(where[id(value)])  # an input passed through (saved for backward)
+        else:
+            return None
+    return _Replay(entry, sources, outputs)
+
+
+def _flatten(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _flatten(v)
+    else:
+        yield value
+
+
+def _outputs_like(outputs, inputs):
+    lazy = any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in inputs)
+
+    def convert(o):
+        if isinstance(o, LazyTensor):
+            return wrap(o) if lazy else transfer.to_host(current().read(o._state).array, o.dtype)
+        if isinstance(o, (list, tuple)):
+            return type(o)(convert(x) for x in o)
+        return o
+
+    return convert(outputs)
+
+
+xlakit_backend = aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)
+
+
+def _register() -> None:
+    from torch._dynamo import list_backends, register_backend
+
+    if "xlakit" not in list_backends(exclude_tags=()):
+        register_backend(name="xlakit")(xlakit_backend)
+
+
+_register()

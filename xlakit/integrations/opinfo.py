@@ -1,0 +1,203 @@
+"""Run PyTorch's OpInfo sample inputs through xlakit and compare with eager.
+
+`python -m xlakit.integrations.opinfo [--ops N] [--names a,b] [--out docs/op_coverage.md]` writes the
+coverage report; tests/test_opinfo.py runs a bounded subset in CI. An op is
+"pass" (every sample equals eager), "fallback" (it ran eagerly on CPU, so it is
+correct by construction), "error" (a clear exception) or "mismatch" (silently
+wrong: the category that must stay empty). Where eager's own answer is one of
+several right ones (singular vector signs) or depends on storage
+a lazy tensor does not have, the comparison says so in the outcome's reason.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import unittest.mock
+import warnings
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .. import session
+from ..front import install
+from ..front.recorder import DEVICE
+
+SAMPLES_PER_OP = 3
+
+# Singular vectors are unique only up to sign (torch.linalg.svd's documentation):
+# LAPACK's choice and XLA's differ. Compared after giving each singular pair the
+# signs of eager's U; a U column flipped without its V column still fails.
+# op -> whether its third output is V (columns) or Vh (rows).
+_SVD_LIKE = {"svd": "V", "svd_lowrank": "V", "pca_lowrank": "V", "linalg.svd": "Vh"}
+
+# These ops address storage: a lazy tensor, like any tensor copied to another
+# device, owns just its own elements in row-major order (its stride() and
+# storage_offset() say so), not the storage around an OpInfo view. Eager runs
+# on the same: a contiguous copy.
+_STORAGE_OPS = {"as_strided", "as_strided_copy", "as_strided_scatter"}
+
+# OpInfo makes these ops' index tensors on the CPU for every device (PyTorch
+# requires them there): only the input moves.
+_HOST_ARGS = {"tensor_split"}
+
+
+def _to(value, device):
+    return tree_map(lambda t: t.detach().to(device) if isinstance(t, torch.Tensor) else t, value)
+
+
+def _contiguous(value):
+    return tree_map(lambda t: t.detach().clone(memory_format=torch.contiguous_format)
+                    if isinstance(t, torch.Tensor) else t, value)
+
+
+def _align_singular_vectors(got, want, v_layout: str):
+    """got's (U, S, V or Vh) with each singular pair's sign flipped to match want's U."""
+    u, s, v = (t.cpu() for t in got)
+    if u.shape != want[0].shape:
+        return got
+    sign = torch.sgn((u * want[0]).sum(-2))  # per column: +1 or -1 (real)
+    sign = torch.where(sign == 0, torch.ones_like(sign), sign)
+    v = v * (sign.unsqueeze(-2) if v_layout == "V" else sign.unsqueeze(-1))
+    return u * sign.unsqueeze(-2), s, v
+
+
+# Eigenvectors of a Hermitian matrix are unique up to sign (phase), as singular
+# vectors are: compared after giving each column eager's phase.
+_EIGH_LIKE = {"linalg.eigh"}
+
+
+def _align_eigenvectors(got, want):
+    values, vectors = (t.cpu() for t in got)
+    if vectors.shape != want[1].shape:
+        return got
+    phase = (vectors.conj() * want[1]).sum(-2)
+    phase = torch.where(phase == 0, torch.ones_like(phase), phase / phase.abs())
+    return values, vectors * phase.unsqueeze(-2)
+
+
+def _close(got, want) -> bool:
+    got_leaves, _ = tree_flatten(got)
+    want_leaves, _ = tree_flatten(want)
+    if len(got_leaves) != len(want_leaves):
+        return False
+    for g, w in zip(got_leaves, want_leaves):
+        if isinstance(w, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape:
+                return False
+            try:
+                torch.testing.assert_close(g.cpu(), w, equal_nan=True, rtol=1e-4, atol=1e-5)
+            except AssertionError:
+                return False
+        elif g != w and not (g != g and w != w):  # NaN == NaN here
+            return False
+    return True
+
+
+def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
+    """(outcome, reason) for one OpInfo entry."""
+    name = opinfo.name
+    if "empty" in name:
+        return "skipped", "values are undefined (uninitialized memory)"
+    try:
+        samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=False))[:SAMPLES_PER_OP]
+    except Exception as e:  # noqa: BLE001
+        return "skipped", f"no samples: {type(e).__name__}"
+    if not samples:
+        return "skipped", "no samples"
+    fell_back = aligned = False
+    for sample in samples:
+        inp, args, kwargs = sample.input, sample.args, sample.kwargs
+        if name in _STORAGE_OPS:
+            inp, args, kwargs = _contiguous((inp, args, kwargs))
+        try:
+            torch.manual_seed(0)  # random ops draw from torch's CPU generator on both sides
+            want = opinfo(inp, *args, **kwargs)
+        except Exception:  # noqa: BLE001 - eager itself rejects this sample
+            continue
+        fallbacks = session.metrics()["fallbacks"]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                torch.manual_seed(0)
+                got = opinfo(_to(inp, DEVICE), *(args if name in _HOST_ARGS else _to(args, DEVICE)),
+                             **_to(kwargs, DEVICE))
+                got = _to(got, "cpu")
+                session.mark_step()
+        except Exception as e:  # noqa: BLE001 - recorded as the op's outcome
+            try:
+                session.mark_step()
+            except Exception:  # noqa: BLE001 - the same failure, raised at the step
+                pass
+            if "torch' has no attribute '_lazy'" in str(e):
+                return "skipped", "OpInfo's seeding wrapper calls torch._lazy (LTC) for 'lazy' devices"
+            return "error", f"{type(e).__name__}: {str(e).splitlines()[0][:90]}"
+        fell_back |= session.metrics()["fallbacks"] > fallbacks
+        if not _close(got, want) and name in _SVD_LIKE:
+            got = _align_singular_vectors(got, want, _SVD_LIKE[name])
+            aligned = True
+        if not _close(got, want) and name in _EIGH_LIKE:
+            got = _align_eigenvectors(got, want)
+            aligned = True
+        if not _close(got, want):
+            return "mismatch", f"sample {inp.shape if isinstance(inp, torch.Tensor) else ''}"
+    notes = [note for note, applies in (
+        ("ran eagerly on CPU, in whole or in part", fell_back),
+        ("equal once each singular pair takes eager's sign (the sign is arbitrary)", aligned and name in _SVD_LIKE),
+        ("equal once each eigenvector takes eager's sign (the sign is arbitrary)", aligned and name in _EIGH_LIKE),
+        ("equal on a contiguous input (lazy tensors share no storage with a base)", name in _STORAGE_OPS),
+    ) if applies]
+    return ("fallback" if fell_back else "pass"), "; ".join(notes)
+
+
+def sweep(limit: int | None = None, names: list[str] | None = None) -> dict[str, tuple[str, str]]:
+    import torch._lazy
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    install.install()
+
+    ops = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
+    if names is not None:
+        ops = [o for o in ops if o.name in names]
+    results = {}
+    # OpInfo's seeding wrapper (random ops) ends with a step marker on a "lazy"
+    # device through PyTorch's own lazy-tensor runtime: here, xlakit's.
+    with unittest.mock.patch.object(torch._lazy, "mark_step", lambda *args, **kwargs: session.mark_step()):
+        for opinfo in ops[:limit]:
+            key = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
+            results[key] = check_op(opinfo)
+    return results
+
+
+def report(results: dict[str, tuple[str, str]]) -> str:
+    counts = collections.Counter(outcome for outcome, _ in results.values())
+    lines = ["# Op coverage (PyTorch OpInfo, float32, eager CPU vs xlakit)", "",
+             f"{len(results)} ops, up to {SAMPLES_PER_OP} samples each: " +
+             ", ".join(f"{counts[k]} {k}" for k in ("pass", "fallback", "error", "mismatch", "skipped")), ""]
+    for outcome in ("mismatch", "error", "fallback", "skipped", "pass"):
+        names = sorted(n for n, (o, _) in results.items() if o == outcome)
+        if not names:
+            continue
+        lines.append(f"## {outcome} ({len(names)})\n")
+        by_reason = collections.defaultdict(list)
+        for n in names:
+            by_reason[results[n][1]].append(n)
+        for reason, group in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+            lines.append(f"- {reason or 'all samples equal eager'}: {', '.join(group)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ops", type=int, default=None, help="only the first N ops")
+    parser.add_argument("--names", default=None, help="only these OpInfo names, comma-separated")
+    parser.add_argument("--out", default="docs/op_coverage.md")
+    args = parser.parse_args()
+    text = report(sweep(args.ops, args.names.split(",") if args.names else None))
+    with open(args.out, "w") as f:
+        f.write(text + "\n")
+    print(text.splitlines()[2])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""Graph -> jax function -> compiled executable.
+
+Each node is replayed on tracers inside jax.jit through xlakit's lowering
+table (xlakit/lowerings: one JAX function per aten op). Ops without an entry
+are replaced at record time by PyTorch's decompositions, or by the op
+table's own (ops.py says which; this module implements them), and
+otherwise run eagerly on CPU.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import torch
+import torch._decomp
+
+from .. import lowerings
+from ..core import checks, sharding, sources
+from ..core.ir import Aval, Graph, Node, Slot, fill
+from . import policy as ops
+from .dtypes import jax_dtype
+from .policy import Handling, NeedsEager
+
+# Bump when the way graphs are lowered changes: it is part of the `flags` key component.
+LOWERING_VERSION = "6"
+
+
+def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(aval.shape, jax_dtype(aval.dtype))
+
+
+def _batch_norm_stats_as_on_cpu(op):
+    """PyTorch's batch norm decomposition returns, in eval mode on a non-CPU
+    device, the running statistics as save_mean / save_invstd (as CUDA does);
+    eager CPU, xlakit's reference, returns empty tensors (found by xlakit.opinfo).
+    Eval-mode backward reads the running statistics, never these."""
+    decomposition = torch._decomp.decomposition_table[op]
+    names = [a.name for a in op._schema.arguments]
+    if "training" not in names:
+        return decomposition
+    position = names.index("training")
+
+    def run(*args, **kwargs):
+        # (output, save_mean, save_invstd), and the new running statistics in the functional variant
+        outputs = decomposition(*args, **kwargs)
+        training = args[position] if len(args) > position else kwargs["training"]
+        if training:
+            return outputs
+        empty = outputs[0].new_zeros((0,))
+        return (outputs[0], empty, empty, *outputs[3:])
+    return run
+
+
+def _allclose(op):
+    """allclose returns a Python bool and its meta kernel calls .item(): torch's
+    isclose, in ops that lower, then one read of the bool (a sync, as in eager)."""
+    def run(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
+        if self.dtype != other.dtype:
+            raise RuntimeError(f"allclose: expected both inputs to be of the same dtype, "
+                               f"got {self.dtype} and {other.dtype}")
+        close = self == other
+        if equal_nan and (self.is_floating_point() or self.is_complex()):
+            close = close | (self.isnan() & other.isnan())
+        if rtol != 0 or atol != 0:
+            if self.dtype == torch.bool:
+                self, other = self.to(torch.get_default_dtype()), other.to(torch.get_default_dtype())
+            allowed = (other * rtol).abs() + atol
+            actual = (self - other).abs()
+            close = close | (actual.isfinite() & (actual <= allowed))
+        return bool(torch.ops.aten._local_scalar_dense.default(close.all()))
+    return run
+
+
+def _weight_norm_interface_backward(op):
+    """weight_norm's fused backward has no lowering and no meta kernel (found by
+    Wav2Vec2's positional convolution: every step fell back to CPU). Eager
+    CPU's formula, in aten ops: with s = sum of grad_w * v over all dims but
+    `dim`, grad_g = s / norm and grad_v = (g / norm) * (grad_w - v * s / norm^2)."""
+    def run(grad_w, saved_v, saved_g, saved_norms, dim):
+        dim = dim % saved_v.dim()
+        norms = saved_norms.to(saved_g.dtype)
+        others = [d for d in range(saved_v.dim()) if d != dim]
+        sums = (grad_w * saved_v).sum(others, keepdim=True) if others else grad_w * saved_v
+        grad_g = sums / norms
+        grad_v = (saved_g / norms) * (grad_w - saved_v * (grad_g / norms))
+        return grad_v, grad_g
+    return run
+
+
+# The op table's own decompositions (ops.Handling.OWN_DECOMPOSITION), given the op.
+_OWN_DECOMPOSITIONS = {
+    "aten::native_batch_norm": _batch_norm_stats_as_on_cpu,
+    "aten::_native_batch_norm_legit": _batch_norm_stats_as_on_cpu,
+    "aten::_native_batch_norm_legit_functional": _batch_norm_stats_as_on_cpu,
+    "aten::allclose": _allclose,
+    "aten::_weight_norm_interface_backward": _weight_norm_interface_backward,
+}
+
+
+def decomposition(op):
+    """The function the frontend calls instead of recording `op` (the op
+    table's policy says which), or None. An op the lowering table lacks takes
+    PyTorch's decomposition into Core ATen ops, or its composite kernel, where
+    there is one."""
+    handling = ops.policy(op).handling
+    if handling is Handling.OWN_DECOMPOSITION:
+        return _OWN_DECOMPOSITIONS[op_name(op)](op)
+    if handling is Handling.DECOMPOSED:
+        return torch._decomp.decomposition_table[op]
+    if handling is Handling.LOWERED and lowerings.find(op) is None:
+        if op in _core_aten_decompositions():
+            return _core_aten_decompositions()[op]
+        # A composite op reaches xlakit where torch does not expand it first
+        # (under inference_mode since torch 2.13, e.g. flatten): its own kernel
+        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+            return op.decompose
+    return None
+
+
+@functools.cache
+def _core_aten_decompositions():
+    """PyTorch's decompositions that end in Core ATen ops (its full table also
+    holds references that end in prims, which xlakit does not lower). A lazy
+    table: its `get` does not load entries, `[]` does."""
+    return torch._decomp.core_aten_decompositions()
+
+
+def op_name(op) -> str:
+    """'aten::norm' for every overload of norm (OpOverload.name() adds the overload)."""
+    return op._schema.name
+
+
+def has_lowering(op) -> bool:
+    """Whether a node of `op` lowers: the op table's policy (lowered, or
+    recorded by a frontend handler: _to_copy's cast, slice_copy) and the
+    lowering table."""
+    return (ops.policy(op).handling in (Handling.LOWERED, Handling.FRONTEND)
+            and lowerings.find(op) is not None)
+
+
+class NodeLoweringError(RuntimeError):
+    """One node could not be lowered; `node` says which and where. Unless
+    config.strict_lowering is set, the engine then computes it eagerly on CPU.
+    `remember`: the op itself is at fault, so later calls run eagerly at once
+    (the engine, which handles the error, tells the op table: ops.remember_failure);
+    otherwise only these arguments are (an unsupported dtype, an access that XLA
+    would clamp where eager torch raises)."""
+
+    def __init__(self, node: Node, cause: BaseException, *, remember: bool = True):
+        where = f" at {sources.describe(node.source)}" if node.source else ""
+        super().__init__(f"xlakit could not lower {node.op}{where}: {type(cause).__name__}: {cause}")
+        self.node, self.cause, self.remember = node, cause, remember
+
+
+class NodeFailedError(RuntimeError):
+    """A node computed eagerly on CPU raised: eager torch's own error, and where."""
+
+    def __init__(self, node: Node, cause: BaseException):
+        where = f" at {sources.describe(node.source)}" if node.source else ""
+        super().__init__(f"{node.op}{where}: {type(cause).__name__}: {cause}")
+        self.node, self.cause = node, cause
+
+    @staticmethod
+    def of(node: Node, cause: BaseException) -> NodeFailedError:
+        """The error for `cause`: an IndexError where eager's was one."""
+        return (NodeFailedIndexError if isinstance(cause, IndexError) else NodeFailedError)(node, cause)
+
+
+class NodeFailedIndexError(NodeFailedError, IndexError):
+    """A node computed eagerly on CPU raised an IndexError."""
+
+
+def _strided_in_bounds(self, size, stride, storage_offset=None):
+    """A lazy tensor owns just its own elements, in row-major order; XLA clamps
+    (as_strided) or drops (as_strided_scatter) an access past them, where eager
+    torch raises. Such a node runs eagerly, so the user sees torch's error."""
+    if any(s == 0 for s in size):
+        return
+    last = (storage_offset or 0) + sum((s - 1) * st for s, st in zip(size, stride))
+    if last >= math.prod(self.shape):
+        raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
+
+
+# Checks of a node's arguments (jax arrays) before it is lowered (ops.Policy.guard).
+_GUARDS = {
+    "aten::as_strided": _strided_in_bounds,
+    "aten::as_strided_copy": _strided_in_bounds,
+    "aten::as_strided_scatter": lambda self, src, *args, **kwargs: _strided_in_bounds(self, *args, **kwargs),
+}
+
+
+# The op table names what this module implements, no more, no less.
+if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
+        or set(_GUARDS) != ops.guarded()):
+    raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
+
+
+def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
+            *params):
+    """The graph on tracers; its roots, then, if its lowerings asked for checks
+    (recorded into `trace`; None: checks are off), one int64 array of (ok,
+    offending value) per check."""
+    outputs: list[list] = []
+    # root j takes donors[j]'s buffer (the plan orders the roots so)
+    donated = {root: donor for root, donor in zip(graph.roots, donors)}
+    with checks.collecting(trace):
+        for position, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
+            operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
+            checks.at_node(position)
+            # the scope names the node in the HLO's op_name metadata ("jit(_replay)/%12 aten.mm.default/dot"),
+            # which no key sees: xlakit keys the graph, and JAX's disk cache drops locations
+            with jax.named_scope(f"%{position} {node.op}"):
+                if node.op is sharding.MARK_SHARDING:
+                    results = sharding.constrain(node, operands)
+                else:
+                    results = _lower_node(node, operands)
+            if trace is not None:
+                mask = trace.depend(wires)
+                for i, result in enumerate(results):
+                    donor = donated.get((position, i)) if mask else None
+                    if donor is not None:
+                        # A donated buffer must not be lost to a step whose check fails: an
+                        # output that takes it holds its old value then. An elementwise select,
+                        # fused into the update that computes it; made here, where the value is
+                        # made, so that what reads it reads the aliased buffer: a select on the
+                        # returned root alone made XLA keep both values (Llama AdamW step: 78
+                        # more copies, +20 MiB). The other choice, checking before anything is
+                        # donated, needs a second executable and a host sync per step.
+                        results[i] = jnp.where(trace.all_ok(mask), result, params[donor])
+            outputs.append(results)
+    roots = tuple(outputs[n][i] for n, i in graph.roots)
+    if out_shardings:
+        # as constraints, not jit's out_shardings: the checks' output, known only once
+        # traced, is not among them
+        roots = tuple(r if s is None else jax.lax.with_sharding_constraint(r, s)
+                      for r, s in zip(roots, out_shardings))
+    if not trace:
+        return roots
+    return (*roots, trace.flags())
+
+
+_INSTRUCTION = re.compile(r'\s*(?:ROOT )?%([\w.\-]+) = .*metadata=\{op_name="[^"]*?/%(\d+) ')
+_REDUCER = re.compile(r"to_apply=%([\w.\-]+)")
+_COMPUTATION = re.compile(r"(?:ENTRY )?%([\w.\-]+) .*\{$")
+
+
+def hlo_ops(hlo: str) -> dict[int, tuple[str, ...]]:
+    """Node index -> the names of the optimized HLO instructions it became
+    (fusions, and the instructions fused into them), read from the node scopes
+    in their metadata. Parameters and the bodies of reductions are left out."""
+    reducers = set(_REDUCER.findall(hlo))
+    found: dict[int, list[str]] = {}
+    skipping = False
+    for line in hlo.splitlines():
+        header = _COMPUTATION.match(line)
+        if header:
+            skipping = header.group(1) in reducers
+            continue
+        match = None if skipping or " parameter(" in line else _INSTRUCTION.match(line)
+        if match:
+            found.setdefault(int(match.group(2)), []).append(match.group(1))
+    return {index: tuple(names) for index, names in found.items()}
+
+
+def _lower_node(node: Node, operands: list) -> list:
+    """One node on tracers: its lowering, its outputs cast to the dtypes torch's
+    meta kernel gave. A wrong shape cannot be mended: the op fails, and runs
+    eagerly from then on."""
+    fn, found = _traced(node, operands)
+    try:
+        results, flags = fn(*operands)
+    except NeedsEager as e:
+        raise NodeLoweringError(node, e, remember=False) from e
+    except Exception as e:  # noqa: BLE001 - re-raised with the node that failed
+        raise NodeLoweringError(node, e) from e
+    checks.adopt(found, flags)
+    return list(results)
+
+
+# (node signature, its lowering, operand types, checks on, torch's default dtype, which some
+# lowerings read) -> the node's lowering as an inlined jax.jit.
+# A transformer's layers repeat the same nodes: each is traced by its lowering once, later
+# ones replay the traced jaxpr (the lowerings' own Python, jnp's argument handling and
+# dtype promotion are most of a step's lowering time). Bounded (~9 KB each, measured on
+# the Llama step's 206): the oldest go first.
+_TRACED: dict = {}
+_TRACED_LIMIT = 8192
+
+
+def _traced(node: Node, operands: list):
+    """The node's lowering as a jitted function, and the list its checks are found into."""
+    lowering, checking = lowerings.find(node.op), checks.on()
+    key = (node.signature, lowering, tuple(o.aval for o in operands), checking, torch.get_default_dtype())
+    entry = _TRACED.get(key)
+    if entry is None:
+        if len(_TRACED) >= _TRACED_LIMIT:
+            del _TRACED[next(iter(_TRACED))]
+        found = [] if checking else None
+        fn = jax.jit(functools.partial(_lowered, node.op, lowering, node.template, node.avals, found), inline=True)
+        entry = _TRACED[key] = fn, found
+    return entry
+
+
+def _lowered(op, lowering, template, avals, found, *operands):
+    """A node's lowering on tracers, and the (ok, offending value) flags of the
+    checks it asked for, which go, when traced, into `found` (None: checks off)."""
+    for aval in avals:
+        if aval is not None and aval.dtype not in lowerings.XLA_DTYPES:
+            raise NeedsEager(f"XLA has no {aval.dtype}")
+    if lowering.promote:
+        operands = _promoted(op, lowering, template, avals, operands)
+    own = None if found is None else checks.Trace()
+    with checks.collecting(own):
+        args, kwargs = fill(template, operands)
+        if ops.policy(op).guard:
+            _GUARDS[op_name(op)](*args, **kwargs)
+        result = lowering.fn(*args, **kwargs)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    arrays = []
+    for value, aval in zip(results, avals):
+        if aval is None:
+            arrays.append(None)
+            continue
+        array = jnp.asarray(value)
+        if tuple(array.shape) != aval.shape:
+            raise ValueError(f"the lowering returned shape {tuple(array.shape)}, torch says {aval.shape}")
+        arrays.append(array.astype(jax_dtype(aval.dtype)))
+    if not own:
+        return arrays, ()
+    found[:] = [check for check, _, _ in own.found]
+    return arrays, tuple((ok, bad) for _, ok, bad in own.found)
+
+
+def _promoted(op, lowering, template, avals, operands) -> list:
+    """A `promote=True` lowering's operands in the dtype torch computes in; its
+    `opmath_scalar` argument, where 0-d in a float16 / bfloat16 computation, in
+    float32, as eager's kernel reads it (x * 65536.0 is finite in float16)."""
+    out = next((a.dtype for a in avals if a is not None), None)
+    dtype = jax_dtype(lowerings.computation_dtype(operands, out))
+    kept = None
+    if lowering.opmath_scalar and dtype in (jnp.float16, jnp.bfloat16):
+        args, kwargs = template
+        position = [a.name for a in op._schema.arguments].index(lowering.opmath_scalar)
+        value = args[position] if position < len(args) else dict(kwargs).get(lowering.opmath_scalar)
+        kept = value.index if isinstance(value, Slot) else None
+    return [o.astype(jnp.float32 if i == kept and o.ndim == 0 else dtype) for i, o in enumerate(operands)]
+
+
+def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
+          placement: sharding.Placement | None = None, *, check: bool = True):
+    """Trace and lower to StableHLO; returns jax's Lowered object and the
+    checks tracing found (`check=False`: none are computed). With a placement,
+    for its mesh: GSPMD/Shardy propagate the shardings it gives."""
+    trace = checks.Trace() if check else None
+    # keep_unused: every graph input stays an executable parameter, so the
+    # executable's signature is exactly the graph's (JAX would prune inputs
+    # that only lend their shape, e.g. to zeros_like)
+    on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
+    out_shardings = () if placement is None else placement.outputs
+    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings), donate_argnums=donors,
+                 keep_unused=True, **on_mesh)
+    with jax.default_matmul_precision(matmul_precision):
+        lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))
+    return lowered, trace.found_checks(graph.roots) if trace else checks.StepChecks()
+
+
+def matmul_precision() -> str:
+    """torch's float32 matmul setting, in JAX's words."""
+    with warnings.catch_warnings():  # torch 2.9 nags about its newer TF32 settings
+        warnings.simplefilter("ignore")
+        setting = torch.get_float32_matmul_precision()
+    return {"highest": "highest", "high": "high", "medium": "bfloat16"}[setting]

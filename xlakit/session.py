@@ -1,0 +1,81 @@
+"""The public functions: step markers, partial syncs, save, records, counters."""
+from __future__ import annotations
+
+import torch
+
+from .core.record import StepRecord
+from .core.sources import user_line
+from .engine.executor import current
+from .front import install
+from .front.recorder import DEVICE
+from .front.tensor import lazy_values
+
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
+           "reset_metrics", "clear_cache"]
+
+
+def device() -> torch.device:
+    """The lazy XLA device: whatever platform JAX runs on (CPU, GPU, TPU). The
+    first call installs what the device needs in torch and JAX (xlakit/install.py)."""
+    install.install()
+    return DEVICE
+
+
+def mark_step() -> None:
+    """Step marker: compute all pending work of all live tensors; may donate."""
+    current().sync(trigger="mark_step", source=user_line())
+
+
+def sync(tensors=None) -> None:
+    """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
+    if tensors is None:
+        current().sync(trigger="sync", source=user_line())
+    else:
+        current().sync(lazy_values(tensors), trigger="sync", source=user_line())
+
+
+def wait() -> None:
+    """Block until every dispatched step has finished executing. Only needed
+    with `config.wait_for_execution = False` (tracing the next step while the
+    device runs this one), e.g. to time steps or before reading StepRecords."""
+    current().wait()
+
+
+def save(obj, path) -> None:
+    """torch.save: lazy tensors are written as CPU tensors, computed in one
+    partial sync that never donates (front/serialization.py)."""
+    device()
+    torch.save(obj, path)
+
+
+def steps() -> list[StepRecord]:
+    """The kept StepRecords, oldest first (the newest `config.record_limit`)."""
+    return list(current().log.records)
+
+
+def last_step() -> StepRecord | None:
+    records = current().log.records
+    return records[-1] if records else None
+
+
+def capture():
+    """`with xlakit.capture() as steps: ...` -- `steps` is the list of the
+    StepRecords of exactly the executions inside the block (torch_xla's
+    adapter's included; not those other threads run meanwhile), in order;
+    it holds them also when the block raises, and captures nest."""
+    return current().log.capture()
+
+
+def metrics() -> dict[str, int]:
+    return current().metrics()
+
+
+def reset_metrics() -> None:
+    """Zero the counters and forget step records; the caches stay."""
+    current().reset_metrics()
+
+
+def clear_cache() -> None:
+    """Forget the in-memory executables (the disk cache stays): the next step of
+    each graph compiles or loads from disk again."""
+    current().cache.clear()
