@@ -1,5 +1,5 @@
 """Scenarios run on eager torch, xlakit and torch_xla, each recording values,
-compile counts and donations. Used by tests/test_parity.py and the README table."""
+compile counts and donations. Used by tests/test_parity.py and docs/torch_xla.md's table."""
 from __future__ import annotations
 
 import os

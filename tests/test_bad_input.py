@@ -285,7 +285,7 @@ def test_a_training_step_with_a_bad_token_keeps_the_weights(dev):
     eager = copy.deepcopy(model)
     model.to(dev)
     # (SGD's state is on the device: AdamW's step count is a CPU tensor, which recording the
-    # failed step advanced, as it would not in eager; README, "Bad input")
+    # failed step advanced, as it would not in eager; docs/bad_input.md)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     eager_opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
 
@@ -370,7 +370,7 @@ def test_checks_off_leave_them_out_of_the_executable(dev, monkeypatch):
     off = xlakit.last_step()
     assert on.key != off.key and off.changed == ("flags",)
     assert off.num_outputs == on.num_outputs
-    # unchecked, XLA's value: the index clamped (README, "Bad input")
+    # unchecked, XLA's value: the index clamped (docs/bad_input.md)
     assert (a[torch.tensor([5]).to(dev)]).cpu().tolist() == [30.0]
 
 

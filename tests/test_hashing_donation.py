@@ -1,4 +1,4 @@
-"""The four defects of torch_xla's design, shown absent in xlakit (DESIGN.md)."""
+"""The four defects of torch_xla's design, shown absent in xlakit (docs/torch_xla.md)."""
 import json
 import os
 import subprocess

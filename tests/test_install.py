@@ -1,5 +1,5 @@
 """How users install xlakit: the notebooks' install cell, the Colab and Binder links,
-and the ranges pyproject.toml states (the README's tested-versions matrix)."""
+and the ranges pyproject.toml states (docs/versions.md's tested-versions matrix)."""
 import json
 import pathlib
 import re

@@ -2,7 +2,7 @@
 
 xlakit must equal eager everywhere. Where torch_xla differs from eager or
 crashes, the difference is asserted exactly, so a torch_xla fix shows up here
-(and in the README's comparison table).
+(and in docs/torch_xla.md's comparison table).
 """
 import pytest
 
