@@ -64,8 +64,8 @@ def chain_record(ops: int = 5000):
 
 def display(record) -> dict:
     """What showing a step costs in the kernel: its HTML (static SVG) and its widget, nothing reused."""
-    graph_model._LAST[:] = [None] * 3
-    graph_dot._LAST[:] = [None] * 2
+    graph_model._LAST.clear()
+    graph_dot._LAST.clear()
     return views.StepView(record)._repr_mimebundle_()
 
 

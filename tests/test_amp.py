@@ -178,7 +178,7 @@ def test_torch_compile_enters_its_own_autocast_regions(dev):
 
 @pytest.mark.parametrize("device_type", ["xla"])
 def test_autocast_for_another_device_type_warns(dev, monkeypatch, device_type):
-    monkeypatch.setattr(amp, "_WARNED_DEVICE", False)
+    monkeypatch.setattr(amp, "_WARNED", set())
     lazy = nn.Linear(8, 4).to(dev)
     with torch.autocast(device_type, dtype=torch.bfloat16):
         with pytest.warns(UserWarning, match=r'only as torch.autocast\("cpu", dtype=torch.bfloat16\)'):

@@ -15,7 +15,8 @@ from .core.record import StepRecord
 from .core.sharding import Mesh
 from .front.labels import label
 from .front.spmd import mark_sharding, shard_module
-from .session import capture, clear_cache, device, last_step, mark_step, metrics, reset_metrics, save, steps, sync, wait
+from .session import (capture, clear_cache, device, last_step, mark_step, metrics, reset, reset_metrics, save, steps,
+                      sync, wait)
 from .version import __version__
 
 # name -> the module that defines it, imported when the name is first read
@@ -37,5 +38,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
-           "reset_metrics", "clear_cache", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
+           "reset_metrics", "clear_cache", "reset", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
            "shard_module", "sharding_view", "record", "__version__"]

@@ -5,13 +5,14 @@ import torch
 
 from .core.record import StepRecord
 from .core.sources import user_line
+from .core.state import PROCESS
 from .engine.executor import current
 from .front import install
 from .front.recorder import DEVICE
 from .front.tensor import lazy_values
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
-           "reset_metrics", "clear_cache"]
+           "reset_metrics", "clear_cache", "reset"]
 
 
 def device() -> torch.device:
@@ -71,11 +72,27 @@ def metrics() -> dict[str, int]:
 
 
 def reset_metrics() -> None:
-    """Zero the counters and forget step records; the caches stay."""
+    """Zero the counters and forget step records (their numbering goes on); the caches,
+    memos and histories stay. `reset()` empties all of them."""
     current().reset_metrics()
 
 
 def clear_cache() -> None:
     """Forget the in-memory executables (the disk cache stays): the next step of
-    each graph compiles or loads from disk again."""
+    each graph compiles or loads from disk again. Records, counters and the other
+    caches stay; `reset()` empties all of them."""
     current().cache.clear()
+
+
+def reset() -> None:
+    """Empty everything xlakit keeps in this process (core/state.py lists it):
+    executables, step records (numbered from 0 again), counters, memos, histories,
+    warned-once sets. The same program then gives the records and keys a fresh
+    process gives. It first waits for dispatched steps and reads their checks, so a
+    failed check raises here, as `wait()` does, and nothing is reset.
+
+    Live lazy tensors lose nothing: computed values stay on the device, and pending
+    work stays pending, computed at the next sync. Settings (`xlakit.config`), the
+    disk cache and tensor labels stay."""
+    current().wait()
+    PROCESS.reset()

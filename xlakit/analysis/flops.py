@@ -21,6 +21,7 @@ import torch
 from torch.utils.flop_counter import flop_registry
 
 from ..core.record import GraphInfo, NodeInfo
+from ..core.state import PROCESS
 from .footprint import aval_shape, short_op
 
 # ops that move or make data without arithmetic; functionalized views are `*_copy`
@@ -68,6 +69,11 @@ def _estimate(op: str, avals: tuple[str, ...], operand_avals: tuple[str | None, 
     if name in _REDUCTIONS and ins and ins[0] is not None:
         return float(math.prod(ins[0]))
     return float(sum(math.prod(s) for s in outs if s is not None))
+
+
+PROCESS.keep("analysis.flops: estimates", _estimate, bound=_estimate.cache_info().maxsize,
+             why="per (op, avals, arguments), its FLOPs", clear=_estimate.cache_clear,
+             size=lambda: _estimate.cache_info().currsize)
 
 
 def _formula(op: str):

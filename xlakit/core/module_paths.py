@@ -18,6 +18,8 @@ import weakref
 
 import torch
 
+from .state import PROCESS
+
 OPTIMIZER, BACKWARD = "optimizer", "backward"
 
 
@@ -32,6 +34,9 @@ _STACK = _Stack()
 _SEQUENCE: list[int] = []
 _PATHS: list[str] = []
 _LIMIT = 1 << 16
+PROCESS.keep("core.module_paths: paths by sequence number", _SEQUENCE, bound=_LIMIT,
+             why="a backward op is named after the module its forward op ran in",
+             clear=lambda: (_SEQUENCE.clear(), _PATHS.clear()))
 _NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # outermost module -> {module: name}
 
 

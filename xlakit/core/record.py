@@ -409,6 +409,11 @@ class StepLog:
         """Forget the kept records; numbering goes on, open captures keep theirs."""
         self.records.clear()
 
+    def restart(self) -> None:
+        """Forget the kept records and number from 0 again, as a fresh process does."""
+        self.records.clear()
+        self.next_index = 0
+
     @contextlib.contextmanager
     def capture(self):
         """`with log.capture() as steps:` -- `steps` is a list that receives every

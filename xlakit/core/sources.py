@@ -18,6 +18,7 @@ import warnings
 
 from . import module_paths
 from .ir import Frame, Source
+from .state import PROCESS
 
 _XLAKIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # the package, not core/
 _PACKAGE_DIRS = tuple({p + os.sep for p in (sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
@@ -28,7 +29,8 @@ _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 _MACHINERY = ("torch", "torchgen", "functorch", "jax", "jaxlib", "typing_extensions")
 
 USER, LIBRARY, MACHINERY = 0, 1, 2
-_KIND: dict[str, int] = {}
+_KIND: dict[str, int] = PROCESS.memo("core.sources: file kinds", 1 << 12,
+                                     "whether a file is the user's, a library's or machinery, asked per stack frame")
 
 
 def _kind(filename: str) -> int:
@@ -72,18 +74,16 @@ def recorded_at(source: Source | None):
 # Interned Frames and Sources: a training step records the same lines every step, and
 # one shared object per line (not one per op) keeps Python's collector from running
 # over thousands of them. Bounded: each re-run of a notebook cell makes new code objects.
-_FRAMES: dict[tuple, Frame] = {}
-_SOURCES: dict[tuple, Source] = {}
-_INTERNED_LIMIT = 50_000
+_FRAMES: dict[tuple, Frame] = PROCESS.memo("core.sources: frames", 50_000, "one Frame per (code, line) recorded")
+# Keyed by the ids of interned frames: a kept Source holds its frames, so an id in a key is never reused
+_SOURCES: dict[tuple, Source] = PROCESS.memo("core.sources: sources", 50_000,
+                                             "one Source per (user frame, library frame, module path)")
 
 
 def _frame(code, line: int) -> Frame:
     key = (code, line)
     frame = _FRAMES.get(key)
     if frame is None:
-        if len(_FRAMES) > _INTERNED_LIMIT:
-            _FRAMES.clear()
-            _SOURCES.clear()  # keyed by the ids of interned frames
         frame = _FRAMES[key] = Frame(code.co_filename, line, code.co_name)
     return frame
 

@@ -21,6 +21,7 @@ from ..config import config
 from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, computed_output
 from ..core.record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, over_limit
+from ..core.state import PROCESS
 from ..lowerings import eager, policy, to_jax
 from . import cache as cache_mod
 from . import check_results, keys, stages
@@ -423,8 +424,12 @@ class Engine:
         return dict(self.counters)
 
     def reset_metrics(self) -> None:
-        self.counters = collections.Counter({name: 0 for name in _COUNTERS})
+        self.zero_counters()
         self.log.clear()
+
+    def zero_counters(self) -> None:
+        for name in self.counters:
+            self.counters[name] = 0
 
 
 @contextlib.contextmanager
@@ -527,8 +532,20 @@ _CURRENT: Engine | None = None
 
 
 def current() -> Engine:
-    """The process's engine, created on first use."""
+    """The process's engine, created on first use; what it keeps is registered in core/state.py's
+    PROCESS (its live tensors are not: xlakit.reset() keeps them)."""
     global _CURRENT
     if _CURRENT is None:
-        _CURRENT = Engine(cache_mod.ExecutableCache(config.cache_size), cache_mod.PersistentHits())
+        engine = Engine(cache_mod.ExecutableCache(config.cache_size), cache_mod.PersistentHits())
+        PROCESS.keep("engine: executables", engine.cache, bound="config.cache_size, least recently used go first",
+                     why="a step whose key was seen runs its executable: no lowering, no compile")
+        PROCESS.keep("engine: step records", engine.log, bound="config.record_limit, oldest go first",
+                     why="xlakit.steps(), capture() and the views read them", clear=engine.log.restart,
+                     size=lambda: len(engine.log.records))
+        PROCESS.keep("engine: counters", engine.counters, bound=len(_COUNTERS), why="xlakit.metrics()",
+                     clear=engine.zero_counters, size=lambda: sum(engine.counters.values()))
+        PROCESS.keep("engine: unread checks", engine.ledger, bound=f"{check_results.UNREAD_LIMIT} steps",
+                     why="a step's in-graph checks are read at the next read, so tracing overlaps execution",
+                     clear=engine.wait, size=lambda: len(engine.ledger.steps))
+        _CURRENT = engine
     return _CURRENT

@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ..core import sources
+from ..core.state import PROCESS
 from ..engine.executor import current
 from .recorder import DEVICE
 
@@ -112,7 +113,7 @@ _POLICY.update(tensordot=_lower_precision, linalg_multi_dot=_lower_precision, ch
 # bfloat16, nn.GRU and nn.LSTMCell float32): they run in their inputs' dtypes.
 _UNCOVERED = frozenset({"einsum", "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell",
                         "rnn_tanh_cell", "rnn_relu_cell"})
-_WARNED: set[str] = set()
+_WARNED: set[str] = PROCESS.seen("front.autocast: warned", 64, "each autocast warning is given once")
 
 
 class _Autocast(TorchFunctionMode):
@@ -167,19 +168,18 @@ def _autocast_exit(self, *exc):
     return _exit(self, *exc)
 
 
-_WARNED_DEVICE = False
+_OTHER_DEVICE = "autocast for another device type"  # its warning's entry in _WARNED
 
 
 def _on_forward(module: torch.nn.Module, args) -> None:
     """Autocast for another device type ("cuda", "xla") leaves lazy tensors alone: say so once."""
-    global _WARNED_DEVICE
-    if (_WARNED_DEVICE or not torch._C._is_any_autocast_enabled() or torch.is_autocast_enabled("cpu")
+    if (_OTHER_DEVICE in _WARNED or not torch._C._is_any_autocast_enabled() or torch.is_autocast_enabled("cpu")
             or torch.compiler.is_compiling()):
         return
     if not any(t.device == DEVICE for t in module.parameters()) and not any(
             isinstance(a, torch.Tensor) and a.device == DEVICE for a in args):
         return
-    _WARNED_DEVICE = True
+    _WARNED.add(_OTHER_DEVICE)
     sources.warn("xlakit: torch.autocast applies to tensors on the lazy device only as "
                  "torch.autocast(\"cpu\", dtype=torch.bfloat16): other device types leave them in their "
                  "dtypes.", sources.capture())

@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from ..core import sources, transfer
+from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
 from .tensor import LazyTensor, from_host, to_host, unwrap, wrap
 
@@ -167,7 +168,8 @@ def _may_overlap(t: torch.Tensor) -> bool:
 _ASSIGNMENTS = {aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default, aten.copy_.default,
                 aten.masked_fill_.Scalar, aten.masked_fill_.Tensor, aten.index_fill_.int_Scalar,
                 aten.index_fill_.int_Tensor}
-_REFUSES_OVERLAP: dict = {}  # op -> whether eager refuses to write an expanded tensor
+_REFUSES_OVERLAP: dict = PROCESS.memo("front.functionalization: refuses overlap", 1 << 10,
+                                      "per in-place op, whether eager refuses to write an expanded tensor: asked once")
 
 
 def _write_overlapping(op, args, kwargs):

@@ -23,6 +23,7 @@ from .. import lowerings
 from ..config import config
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node, Slot, fill
+from ..core.state import PROCESS
 from ..engine.executor import current
 from ..lowerings import eager, to_jax
 from ..lowerings import policy as ops
@@ -37,10 +38,12 @@ aten = torch.ops.aten
 
 # -- recording ------------------------------------------------------------------
 _LIFTED = ("lifted-scalar",)
-_SCALAR_CACHE: dict[tuple, DeviceData] = {}
+_SCALAR_CACHE: dict[tuple, DeviceData] = PROCESS.memo(
+    "front.recorder: lifted scalars", 4096, "one device buffer per (value, dtype), shared by the nodes that lift it")
 
 
-_OP_INFO: dict = {}
+_OP_INFO: dict = PROCESS.memo("front.recorder: op info", 1 << 14,
+                              "per op overload, how it is recorded (read from its policy and schema once)")
 
 
 def _functional_of_inplace(op):
@@ -140,8 +143,6 @@ def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     key = (repr(value), dtype)
     data = _SCALAR_CACHE.get(key)
     if data is None:
-        if len(_SCALAR_CACHE) > 4096:
-            _SCALAR_CACHE.clear()
         host = torch.tensor(value, dtype=dtype)
         data = _SCALAR_CACHE[key] = DeviceData(
             transfer.to_device(host), Aval((), dtype), label="scalar", read_only=True)
@@ -254,16 +255,15 @@ def _split_one(value, tensors: list, lifted: bool):
 # A signature determines its template, so nodes share the memo's template: fewer
 # objects per recorded op outlive it, and Python's collector runs less often.
 # Bounded (~1.2 KB each; ever-new slice offsets would grow it without end): the oldest go first.
-_SHAPES: dict = {}
 _SHAPES_LIMIT = 8192
+_SHAPES: dict = PROCESS.memo("front.recorder: shapes", _SHAPES_LIMIT,
+                             "output avals per (op, input avals, constants): meta-tensor inference once")
 
 
 def _infer(func, template, tensors, signature):
     cached = _SHAPES.get(signature)
     if cached is not None:
         return cached
-    if len(_SHAPES) >= _SHAPES_LIMIT:
-        del _SHAPES[next(iter(_SHAPES))]
     metas = [_meta(t) if isinstance(t, torch.Tensor) else t for t in tensors]
     args, kwargs = fill(_meta_template(template), metas)
     try:

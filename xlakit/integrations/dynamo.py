@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import itertools
+import weakref
 
 import torch
 import torch.fx
@@ -22,6 +22,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
 from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo
+from ..core.state import PROCESS, Numbering
 from ..engine import cache
 from ..engine.executor import current
 from ..front import install
@@ -53,9 +54,15 @@ class CompiledGraph:
 
 # The lists of the `compiled_graphs()` blocks now open; nothing else keeps CompiledGraphs.
 _OPEN: list[list[CompiledGraph]] = []
-_numbers = itertools.count()
+_numbers = PROCESS.keep("integrations.dynamo: graph numbers", Numbering(), bound="one counter",
+                        why="CompiledGraph.index, in the order graphs were compiled")
 # Replays kept per FX graph (least recently used go first); past them, a call is traced again.
 _REPLAYS_PER_GRAPH = 32
+_REPLAYS: weakref.WeakSet = PROCESS.keep(
+    "integrations.dynamo: replays", weakref.WeakSet(), bound=f"{_REPLAYS_PER_GRAPH} per FX graph torch.compile keeps",
+    why="a compiled graph's call with a seen input signature runs one executable, not the FX graph",
+    clear=lambda: [replays.clear() for replays in list(_REPLAYS)],
+    size=lambda: sum(len(replays) for replays in list(_REPLAYS)))
 
 
 @contextlib.contextmanager
@@ -116,6 +123,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     # per input signature, the replay; a graph Dynamo made dynamic takes its sizes and ints
     # as inputs, and XLA's executables are static: each new signature is traced again
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
+    _REPLAYS.add(replays)
 
     def run(*inputs):
         signature = _signature(inputs)

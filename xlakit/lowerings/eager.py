@@ -13,10 +13,11 @@ import torch
 
 from ..core import sources
 from ..core.ir import Node, fill
+from ..core.state import PROCESS
 from .dtypes import jax_dtype
 
 # ops already announced: each op warns once per process, whichever caller ran it
-WARNED: set = set()
+WARNED: set = PROCESS.seen("lowerings.eager: warned ops", 1 << 12, "each op that runs eagerly says so once")
 
 
 def warn_once(op, reason: str, source) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from ..core.state import PROCESS
+
 
 class Handling(enum.Enum):
     LOWERED = "lowered by xlakit's lowering table (or, where it has no entry, PyTorch's decomposition)"
@@ -125,7 +127,8 @@ TABLE: dict[str, Policy] = {
 }
 
 _DEFAULT = Policy()
-_POLICIES: dict[int, Policy] = {}  # id(op) -> its policy (ops are process-wide singletons)
+_POLICIES: dict[int, Policy] = PROCESS.memo(  # id(op) -> its policy (ops are process-wide singletons)
+    "lowerings.policy: policies", 1 << 14, "per op overload, its table row, found by name once")
 
 
 def key(op) -> str:
@@ -156,7 +159,8 @@ def guarded() -> frozenset[str]:
 # -- state: lowerings that failed in this process ------------------------------------
 # ids of ops whose lowering failed; the engine, which handles the failure, adds
 # them, and the frontend then runs later calls eagerly at once.
-FAILED: set[int] = set()
+FAILED: set[int] = PROCESS.seen("lowerings.policy: failed lowerings", 1 << 12,
+                                "ops whose lowering failed here run eagerly at record time, not again at the sync")
 
 
 def remember_failure(op) -> None:

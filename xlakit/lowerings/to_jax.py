@@ -21,6 +21,7 @@ import torch._decomp
 from .. import lowerings
 from ..core import checks, sharding, sources
 from ..core.ir import Aval, Graph, Node, Slot, fill
+from ..core.state import PROCESS
 from . import policy as ops
 from .dtypes import jax_dtype
 from .policy import Handling, NeedsEager
@@ -287,8 +288,8 @@ def _lower_node(node: Node, operands: list) -> list:
 # ones replay the traced jaxpr (the lowerings' own Python, jnp's argument handling and
 # dtype promotion are most of a step's lowering time). Bounded (~9 KB each, measured on
 # the Llama step's 206): the oldest go first.
-_TRACED: dict = {}
-_TRACED_LIMIT = 8192
+_TRACED: dict = PROCESS.memo("lowerings.to_jax: traced lowerings", 8192,
+                             "a repeated node replays its lowering's jaxpr instead of running its Python again")
 
 
 def _traced(node: Node, operands: list):
@@ -297,8 +298,6 @@ def _traced(node: Node, operands: list):
     key = (node.signature, lowering, tuple(o.aval for o in operands), checking, torch.get_default_dtype())
     entry = _TRACED.get(key)
     if entry is None:
-        if len(_TRACED) >= _TRACED_LIMIT:
-            del _TRACED[next(iter(_TRACED))]
         found = [] if checking else None
         fn = jax.jit(functools.partial(_lowered, node.op, lowering, node.template, node.avals, found), inline=True)
         entry = _TRACED[key] = fn, found

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from ..core.record import GraphInfo, StepRecord
+from ..core.state import PROCESS, Last
 from . import graph_svg
 from .graph_model import GraphView, of_record, visible
 
@@ -17,15 +18,15 @@ CLUSTER_FILLS = ("#f8f9fa", "#eef3fb", "#f3f8ef", "#fbf3ea")
 DONATED, SPLIT, OUTPUT, CHANGED_FILL = "#d93025", "#e37400", "#188038", "#fff3cd"
 
 
-_LAST: list = [None, None]  # (view, svg) of the last call
+_LAST = PROCESS.keep("notebook.graph_dot: last svg", Last(), bound=1,
+                     why="one step's display asks for its graph's SVG several times")
 
 
 def step_svg(record: StepRecord, previous: StepRecord | None = None) -> str:
     """A step's graph; nodes changed since `previous` (the same cell's last step) marked."""
     view = of_record(record, previous)
-    if _LAST[0] is not view:
-        _LAST[:] = view, to_svg(view, record.graph)
-    return _LAST[1]
+    svg = _LAST.get(view)
+    return svg if svg is not None else _LAST.put(to_svg(view, record.graph), view)
 
 
 def to_svg(view: GraphView, graph: GraphInfo) -> str:

@@ -17,6 +17,7 @@ from collections import defaultdict
 
 from ..core import sources
 from ..core.record import GraphInfo, Output, StepRecord, Trigger
+from ..core.state import PROCESS, Last
 
 BUDGET = 120        # boxes a view shows at first; the rest stay in closed groups
 MAX_CHILDREN = 100  # a group with more direct items is split by source line, then into runs
@@ -268,16 +269,17 @@ def _hlo_lines(hlo: str) -> dict[str, str]:
 _CUTTING = (Trigger.ITEM, Trigger.CPU, Trigger.FALLBACK, Trigger.SAVE)
 
 
-_LAST: list = [None, None, None]  # (record, previous, view) of the last call
+_LAST = PROCESS.keep("notebook.graph_model: last view", Last(), bound=1,
+                     why="one step's display asks for its graph view several times")
 
 
 def of_record(record: StepRecord, previous: StepRecord | None = None) -> GraphView:
     """The view of a step's graph; nodes changed since `previous` (the same cell's last step) marked.
     One step's display asks for it several times (its HTML, its widget): the last one is kept."""
-    if _LAST[0] is record and _LAST[1] is previous:
-        return _LAST[2]
+    view = _LAST.get(record, previous)
+    if view is not None:
+        return view
     same_kind = previous is not None and previous.backend == record.backend
     changed = changed_nodes(record.graph, previous.graph) if same_kind else set()
     cut = {r.node for r in record.graph.roots} if record.trigger in _CUTTING else set()
-    _LAST[:] = record, previous, build(record.graph, changed, cut, record.hlo)
-    return _LAST[2]
+    return _LAST.put(build(record.graph, changed, cut, record.hlo), record, previous)

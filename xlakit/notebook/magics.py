@@ -11,11 +11,14 @@ from IPython.display import display
 from .. import session
 from ..config import config
 from ..core.record import Backend, StepRecord
+from ..core.state import PROCESS
 from .views import HistoryView, StepView
 
 # (cell name, record) for the steps run under %%xla_step, oldest first: the
 # newest config.record_limit, like the log the records come from
-HISTORY: collections.deque[tuple[str, StepRecord]] = collections.deque(maxlen=config.record_limit)
+HISTORY: collections.deque[tuple[str, StepRecord]] = PROCESS.keep(
+    "notebook.magics: %xla_history", collections.deque(maxlen=config.record_limit), bound="config.record_limit",
+    why="%xla_history lists the steps %%xla_step ran")
 
 
 @magics_class
