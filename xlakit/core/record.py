@@ -36,7 +36,7 @@ class Backend(enum.StrEnum):
     """Whose executor ran the step."""
 
     XLAKIT = "xlakit"
-    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through xlakit/torch_xla.py
+    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through integrations/torch_xla.py
 
 
 class Output(NamedTuple):
