@@ -25,7 +25,7 @@ import torch.nn.functional as F  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 import xlakit  # noqa: E402
-from xlakit.core.record import human_bytes  # noqa: E402
+from xlakit.notebook.units import human_bytes  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 

@@ -11,9 +11,10 @@ from torch.utils.flop_counter import FlopCounterMode
 import xlakit
 from xlakit.analysis import flops, footprint
 from xlakit.core.ir import Aval, DeviceData, Graph
-from xlakit.core.record import GraphInfo, NodeInfo, Output, ParamInfo, human_bytes
+from xlakit.core.record import GraphInfo, NodeInfo, Output, ParamInfo
 from xlakit.engine import executor
 from xlakit.notebook import panels, render
+from xlakit.notebook.units import human_bytes
 
 
 def conv_net():

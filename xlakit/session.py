@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .core.record import StepRecord
+from .core.record import StepRecord, Trigger
 from .core.sources import user_line
 from .core.state import PROCESS
 from .engine.executor import current
@@ -24,15 +24,15 @@ def device() -> torch.device:
 
 def mark_step() -> None:
     """Step marker: compute all pending work of all live tensors; may donate."""
-    current().sync(trigger="mark_step", source=user_line())
+    current().sync(trigger=Trigger.MARK_STEP, source=user_line())
 
 
 def sync(tensors=None) -> None:
     """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
     if tensors is None:
-        current().sync(trigger="sync", source=user_line())
+        current().sync(trigger=Trigger.SYNC, source=user_line())
     else:
-        current().sync(lazy_values(tensors), trigger="sync", source=user_line())
+        current().sync(lazy_values(tensors), trigger=Trigger.SYNC, source=user_line())
 
 
 def wait() -> None:

@@ -6,7 +6,6 @@ import contextlib
 import dataclasses
 import enum
 import threading
-from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
 from ..config import config
@@ -37,7 +36,7 @@ class Backend(enum.StrEnum):
     """Whose executor ran the step."""
 
     XLAKIT = "xlakit"
-    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through xlakit/torch_xla.py
+    TORCH_XLA = "torch_xla"   # the real torch_xla executor, through integrations/torch_xla.py
 
 
 class Output(NamedTuple):
@@ -129,6 +128,11 @@ class MemoryInfo:
         `peak` where buffers of its schedule are not all live at once."""
         return self.arguments + self.outputs - self.aliased + self.temporaries + self.code
 
+    @property
+    def over_limit(self) -> bool:
+        """The peak is more than the device's memory (where its runtime says how much)."""
+        return self.device_limit is not None and self.peak > self.device_limit
+
 
 @dataclasses.dataclass(frozen=True)
 class CostInfo:
@@ -191,11 +195,12 @@ class Collective:
     group_size: int | None          # devices in each group (pairs for collective-permute); None: unknown
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, repr=False)
 class StepRecord:
     """One execution. `trigger`, `cache` and `backend` are enums equal to their
-    strings ("mark_step", "hit", "xlakit", ...), and are given as either. A value
-    the executor does not report (torch_xla's) is None."""
+    strings ("mark_step", "hit", "xlakit", ...). A value the executor does not
+    report (torch_xla's) is None. It prints as the step view's text: the words are
+    notebook/render.py's, and xlakit/__init__ binds them (core imports nothing above it)."""
 
     index: int
     trigger: Trigger
@@ -214,7 +219,7 @@ class StepRecord:
     uses: int | None = 1            # how many times this executable has run, this one included
     cache_entries: int | None = 0   # executables in the in-memory cache after this step
     hit_rate: float | None = 0.0    # in-memory cache hits / lookups so far, this one included
-    hlo: str | None = dataclasses.field(default="", repr=False)  # the executable's optimized HLO
+    hlo: str | None = ""            # the executable's optimized HLO
     backend: Backend = Backend.XLAKIT
     donation_note: str = ""         # why nothing (or not more) was donated
     source: str | None = None       # the user's line that caused the execution ("cell 4 line 3")
@@ -223,157 +228,11 @@ class StepRecord:
     shardings: ShardingInfo | None = None  # None: the step ran on one device
     collectives: tuple[Collective, ...] = ()  # in the optimized HLO
 
-    def __post_init__(self):
-        for name, kind in (("trigger", Trigger), ("cache", Cache), ("backend", Backend)):
-            value = getattr(self, name)
-            if type(value) is not kind:
-                object.__setattr__(self, name, kind(value))
-
     @property
     def donated_bytes(self) -> int | None:
         """Bytes donated; None when a buffer's size is unknown."""
         sizes = [d.nbytes for d in self.donated]
         return None if None in sizes else sum(sizes)
-
-    def __repr__(self) -> str:
-        return text(self)
-
-
-def text(record: StepRecord, name: str | None = None, changed: Collection[str] = (),
-         why: Sequence[str] | None = None) -> str:
-    """The plain text of a record: its repr, and the notebook's text view, which
-    passes the components to mark *changed* and its own `why` lines. Deterministic
-    (no timings, no addresses), so terminals and nbval see something true."""
-    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
-        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
-    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
-             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
-    if record.source:
-        lines.append(f"  at {record.source}")
-    lines.append(f"  key components ({key_owner(record)}):")
-    for c, v in record.components.items():
-        lines.append(f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}")
-    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
-                 f"{'  *changed*' if 'metadata' in changed else ''}")
-    lines += [f"  why: {line}" for line in (why_lines(record) if why is None else why)]
-    lines += [f"  donation: {line}" for line in donation_lines(record)]
-    lines += [f"  sharding: {line}" for line in sharding_lines(record)]
-    lines += [f"  memory: {line}" for line in memory_lines(record)]
-    lines.append(f"  cost: {cost_line(record)}")
-    return "\n".join(lines)
-
-
-def key_owner(record: StepRecord) -> str:
-    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
-
-
-def cache_line(record: StepRecord) -> str:
-    if record.cache is Cache.HIT:
-        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
-    if record.cache is Cache.PERSISTENT_HIT:
-        return "persistent cache hit (loaded from disk, not compiled)"
-    return "cache miss: compiled"
-
-
-def why_lines(record: StepRecord) -> list[str]:
-    """Why the step hit or missed, as its executor said (on a miss, the engine's
-    comparison with the closest cached key)."""
-    if record.cache is Cache.HIT:
-        return [cache_line(record)]
-    if record.backend is not Backend.XLAKIT:
-        return [cache_line(record), *record.why]
-    if not record.changed:
-        return ["first compilation of this graph (nothing similar cached)"]
-    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
-
-
-def donation_lines(record: StepRecord) -> list[str]:
-    if not record.donated:
-        if record.backend is not Backend.XLAKIT and record.cache is Cache.HIT:
-            return [f"unknown: {record.donation_note}"]   # torch_xla says only when it compiles
-        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
-    total = record.donated_bytes
-    lines = [f"{len(record.donated)} buffer(s) donated"
-             + (f", {human_bytes(total)} reused" if total is not None else "")]
-    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
-              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
-    if record.donation_note:
-        lines.append(f"  {'not donated' if record.backend is Backend.XLAKIT else 'note'}: {record.donation_note}")
-    return lines
-
-
-def sharding_lines(record: StepRecord) -> list[str]:
-    """Mesh, how many inputs and outputs are split, memory per device and collectives; none on one device."""
-    info = record.shardings
-    if info is None:
-        return []
-    mesh = info.mesh
-    axes = ", ".join(f"{name}={size}" for name, size in zip(mesh.axis_names, mesh.shape))
-    split = [sum(not t.replicated for t in group) for group in (info.inputs, info.outputs)]
-    lines = [f"mesh ({axes}) over {mesh.size} devices; split: {split[0]} of {len(info.inputs)} inputs, "
-             f"{split[1]} of {len(info.outputs)} outputs (the rest replicated)"]
-    if record.memory is not None:
-        lines.append(f"per device: peak {human_bytes(record.memory.peak)}, "
-                     f"arguments {human_bytes(record.memory.arguments)}")
-    counts = collections.Counter(c.op for c in record.collectives)
-    lines.append("collectives: " + (", ".join(f"{n} {op}" for op, n in sorted(counts.items())) or "none")
-                 + (f", {human_bytes(sum(c.nbytes for c in record.collectives))}" if counts else ""))
-    return lines
-
-
-def memory_lines(record: StepRecord) -> list[str]:
-    """The executable's memory per device in one line (its peak, and what it
-    allocates, as a sum), and a second one when the peak exceeds the device's memory."""
-    m = record.memory
-    if m is None:
-        return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
-    per = f"on each of {m.devices} devices" if m.devices > 1 else "per device"
-    aliased = f" - {human_bytes(m.aliased)} written into donated inputs" if m.aliased else ""
-    code = f" + code {human_bytes(m.code)}" if m.code else ""
-    lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "
-             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)}"
-             f"{aliased} + temporaries {human_bytes(m.temporaries)}{code}"]
-    if over_limit(m):
-        lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
-                     "this step will likely run out of memory")
-    return lines
-
-
-def over_limit(memory: MemoryInfo | None) -> bool:
-    return memory is not None and memory.device_limit is not None and memory.peak > memory.device_limit
-
-
-def cost_line(record: StepRecord) -> str:
-    c = record.cost
-    if c is None:
-        return f"unknown ({record.backend} gives no cost analysis of this executable)"
-    return (f"{human_flops(c.flops)}, {human_bytes(round(c.bytes_accessed))} accessed per device "
-            "(XLA's estimates)")
-
-
-def human_flops(n: float | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit in ("", "k", "M", "G"):
-        if abs(n) < 1000:
-            return f"{n:.0f} FLOP" if unit == "" else f"{n:.1f} {unit}FLOP"
-        n /= 1000
-    return f"{n:.1f} TFLOP"
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "unknown"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
 
 
 class _OpenCaptures(threading.local):

@@ -20,7 +20,7 @@ from ..analysis import misses
 from ..config import config
 from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, computed_output
-from ..core.record import DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, over_limit
+from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, policy, to_jax
 from . import cache as cache_mod
@@ -145,7 +145,7 @@ class Engine:
         return list({id(v): v for v in self.tensors.values()}.values())
 
     # -- syncs --------------------------------------------------------------
-    def sync(self, tensors=None, *, trigger: str, source: str | None = None):
+    def sync(self, tensors=None, *, trigger: Trigger, source: str | None = None):
         """Compute pending values. `tensors=None` is a step marker (all live
         tensors; may donate); a list is a partial sync (never donates).
         Returns (cache entry, graph) of the execution, or None if nothing was pending."""
@@ -170,7 +170,7 @@ class Engine:
             with _collector_paused():
                 return self._compute(targets, live, full=full, trigger=trigger, source=source)
 
-    def _compute(self, targets, live, *, full: bool, trigger: str, source: str | None):
+    def _compute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None):
         failure, executed = None, None
         while targets:
             try:
@@ -213,7 +213,7 @@ class Engine:
                 n, i = operand
                 pending[(id(n), i)] = LiveValue(n.avals[i], n, i, None)
         if pending:
-            self._compute(list(pending.values()), live, full=False, trigger="fallback",
+            self._compute(list(pending.values()), live, full=False, trigger=Trigger.FALLBACK,
                           source=sources.fallback_line(node.source, node.op))
         if self.ledger.unread():  # its operands' checks first
             self.wait()
@@ -237,7 +237,7 @@ class Engine:
                 healthy.append(t)
         return healthy
 
-    def _execute(self, targets, live, *, full: bool, trigger: str, source: str | None):
+    def _execute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None):
         """Compute `targets` in one executable: cut -> plan -> key -> executable
         -> run -> StepRecord. Returns (cache entry, graph)."""
         planned = stages.plan(stages.cut(targets, live, full=full), live, full=full, donate=config.donate)
@@ -283,7 +283,7 @@ class Engine:
         entry = self.cache.get(key.key)
         if entry is not None:
             self.counters["cache_hits"] += 1
-            return entry, "hit", 0.0, 0.0, (), ()
+            return entry, Cache.HIT, 0.0, 0.0, (), ()
         closest = self._closest(key)
         entry, outcome, lower_s, compile_s = self._load(key, graph, placement) or \
             self._compile(graph, donors, key, flags, placement)
@@ -294,7 +294,7 @@ class Engine:
                                           closest.key.components, next(iter(closest.graph_infos.values()))))
         return entry, outcome, lower_s, compile_s, changed, why
 
-    def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: str, source: str | None = None):
+    def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: Trigger, source: str | None = None):
         """Run a cached executable on given input arrays (torch.compile's replay);
         nothing is donated. Returns its output arrays."""
         with self.lock:
@@ -302,7 +302,7 @@ class Engine:
             t0 = time.perf_counter()
             outputs, checked = _split_checks(entry, self._run(entry, arrays, None))
             graph_info = next(iter(entry.graph_infos.values()))
-            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache="hit", donated=(),
+            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=(),
                                 note="replay: inputs are not donated", source=source,
                                 timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
                                                 waited=config.wait_for_execution))
@@ -312,7 +312,7 @@ class Engine:
                     raise error
             return outputs
 
-    def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: str, cache: str,
+    def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
                        donated: tuple, timings: Timings, note: str, source: str | None,
                        changed: tuple = (), why: tuple = ()) -> None:
         self.counters["executions"] += 1
@@ -342,7 +342,7 @@ class Engine:
         self.counters["cache_misses"] += 1
         self.counters["persistent_cache_hits"] += 1
         self._keep(entry, graph)
-        return entry, "persistent_hit", 0.0, time.perf_counter() - t0
+        return entry, Cache.PERSISTENT_HIT, 0.0, time.perf_counter() - t0
 
     def _keep(self, entry: cache_mod.Entry, graph: Graph) -> None:
         _warn_if_too_big(entry.memory, graph)
@@ -357,9 +357,9 @@ class Engine:
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()
         t2 = time.perf_counter()
-        outcome = "persistent_hit" if self.persistent_hits.count > hits_before else "miss"
+        outcome = Cache.PERSISTENT_HIT if self.persistent_hits.count > hits_before else Cache.MISS
         self.counters["cache_misses"] += 1
-        self.counters["persistent_cache_hits" if outcome == "persistent_hit" else "compiles"] += 1
+        self.counters["persistent_cache_hits" if outcome is Cache.PERSISTENT_HIT else "compiles"] += 1
         hlo = compiled.as_text() or ""
         devices = jax.devices()[:1] if placement is None else placement.devices()
         entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, checks=step_checks,
@@ -367,7 +367,7 @@ class Engine:
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
         self._keep(entry, graph)
-        if outcome == "miss":  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
+        if outcome is Cache.MISS:  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
             cache_mod.store(entry)
         return entry, outcome, t1 - t0, t2 - t1
 
@@ -465,7 +465,7 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
 def _warn_if_too_big(memory, graph: Graph) -> None:
     """Say before the first run that a step cannot fit, with what it holds (an OOM
     on the device names no tensors)."""
-    if not over_limit(memory):
+    if memory is None or not memory.over_limit:
         return
     largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
     sources.warn(

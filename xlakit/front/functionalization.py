@@ -10,6 +10,7 @@ import warnings
 import torch
 
 from ..core import sources, transfer
+from ..core.record import Trigger
 from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
 from .tensor import LazyTensor, from_host, to_host, unwrap, wrap
@@ -270,7 +271,7 @@ def _checked_writes(op, original):
                 host = next(t for t in targets if isinstance(t, torch.Tensor) and not torch._is_functional_tensor(t))
                 if op is not aten.copy_.default:
                     raise _host_written(op, host)
-                return host.copy_(to_host(unwrap(args[1]), trigger="cpu"), *args[2:], **kwargs)
+                return host.copy_(to_host(unwrap(args[1]), trigger=Trigger.CPU), *args[2:], **kwargs)
         elif not self.is_contiguous():  # a contiguous tensor has no two elements in one place
             result = _write_overlapping(op, args, kwargs)
             if result is not None:

@@ -23,6 +23,7 @@ from .. import lowerings
 from ..config import config
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node, Slot, fill
+from ..core.record import Trigger
 from ..core.state import PROCESS
 from ..engine.executor import current
 from ..lowerings import eager, to_jax
@@ -503,7 +504,7 @@ def run_eagerly(func, args, kwargs, *, reason: str):
     current().count_fallback()
     eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
-    current().sync([t._state for t in lazy], trigger="fallback", source=sources.fallback_line(source, func))
+    current().sync([t._state for t in lazy], trigger=Trigger.FALLBACK, source=sources.fallback_line(source, func))
     return _upload_outputs(eager.run(func, to_cpu(list(args)), to_cpu(kwargs)))
 
 
@@ -542,7 +543,7 @@ def _leaves(value):
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     if device is not None and torch.device(device).type != "lazy":
-        host = to_host(x, trigger="cpu")
+        host = to_host(x, trigger=Trigger.CPU)
         return host.to(device=device, dtype=dtype or host.dtype)
     return _record(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
 
@@ -639,7 +640,7 @@ def _native_dropout(x, p, train=None):
 
 
 def _local_scalar_dense(x):
-    return to_host(x, trigger="item").item()
+    return to_host(x, trigger=Trigger.ITEM).item()
 
 
 # The frontend's own handlers of the ops the op table marks Handling.FRONTEND.

@@ -18,6 +18,7 @@ import threading
 import torch
 
 from ..core import sources
+from ..core.record import Trigger
 from ..engine.executor import current
 from .tensor import DEVICE, lazy_values, to_host, unwrap
 
@@ -33,13 +34,13 @@ def _host_copy(t: torch.Tensor) -> torch.Tensor:
     inner = unwrap(t)
     copies = _SAVING.copies
     if copies is None:  # pickled outside torch.save (pickle.dumps, copy.copy)
-        return to_host(inner, trigger="save")
+        return to_host(inner, trigger=Trigger.SAVE)
     # one storage and one layout: one tensor of eager's (a tied weight's two detach()es); a
     # clone holds the same value but a storage of its own, and is written on its own
     key = ((t.untyped_storage()._cdata, tuple(t.shape), t.stride(), t.storage_offset())
            if torch._is_functional_tensor(t) else id(inner._state))
     if key not in copies:
-        copies[key] = (t, to_host(inner, trigger="save"))  # t kept alive: its storage's id stays its own
+        copies[key] = (t, to_host(inner, trigger=Trigger.SAVE))  # t kept alive: its storage's id stays its own
     return copies[key][1]
 
 
@@ -58,7 +59,7 @@ def _save(save):
     def wrapper(obj, f, *args, **kwargs):
         values = lazy_values(obj)
         if values:
-            current().sync(values, trigger="save", source=sources.user_line())
+            current().sync(values, trigger=Trigger.SAVE, source=sources.user_line())
         outer, _SAVING.copies = _SAVING.copies, {}
         try:
             return save(obj, f, *args, **kwargs)

@@ -17,6 +17,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node
+from ..core.record import Trigger
 from ..engine.executor import LiveValue, current
 
 DEVICE = torch.device("lazy", 0)
@@ -139,7 +140,7 @@ def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
     return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label), layout=(strides, 0))
 
 
-def to_host(inner: LazyTensor, *, trigger: str) -> torch.Tensor:
+def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
     state = inner._state
     engine = current()
     engine.sync([state], trigger=trigger, source=sources.user_line())

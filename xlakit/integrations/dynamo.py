@@ -21,7 +21,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
-from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo
+from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache
 from ..engine.executor import current
@@ -91,7 +91,7 @@ class _Replay:
     def __call__(self, inputs: list):
         arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
                   for src in self.param_sources]
-        results = current().replay(self.entry, arrays, trigger="dynamo")
+        results = current().replay(self.entry, arrays, trigger=Trigger.DYNAMO)
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
 
@@ -180,7 +180,7 @@ def _interpret(gm, inputs, record: CompiledGraph):
         flat = list(_flatten(outputs))
         output_values = [_pending_or_data(o) for o in flat]
         lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
-        execution = current().sync(lazy, trigger="dynamo") if lazy else None
+        execution = current().sync(lazy, trigger=Trigger.DYNAMO) if lazy else None
     record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values

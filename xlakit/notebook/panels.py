@@ -1,8 +1,9 @@
-"""The Memory and Cost sections of a step view, as static HTML (no scripts).
+"""The Memory and Cost panels of a step view: each as plain text and as static HTML (no scripts).
 
 Memory: XLA's memory analysis of the compiled executable (per device, known
-before it runs) and the step's largest buffers by name. Cost: XLA's cost
-analysis, and xlakit's own per-op estimates split by module and by op.
+before it runs) and the step's largest buffers by name; the sharding view shows
+the same text and table. Cost: XLA's cost analysis, and xlakit's own per-op
+estimates split by module and by op.
 """
 from __future__ import annotations
 
@@ -10,10 +11,29 @@ import html
 
 from ..analysis import flops, footprint
 from ..analysis.flops import ModuleCost
-from ..core.record import StepRecord, cost_line, human_bytes, human_flops, memory_lines, over_limit
+from ..core.record import MemoryInfo, StepRecord
+from .units import human_bytes, human_flops
 
 OPEN_LEVELS = 3      # module tree levels shown open; deeper ones open on a click
 TOP_OPS = 10
+
+
+def memory_lines(record: StepRecord) -> list[str]:
+    """The executable's memory per device in one line (its peak, and what it
+    allocates, as a sum), and a second one when the peak exceeds the device's memory."""
+    m = record.memory
+    if m is None:
+        return [f"unknown ({record.backend} gives no memory analysis of this executable)"]
+    per = f"on each of {m.devices} devices" if m.devices > 1 else "per device"
+    aliased = f" - {human_bytes(m.aliased)} written into donated inputs" if m.aliased else ""
+    code = f" + code {human_bytes(m.code)}" if m.code else ""
+    lines = [f"peak {human_bytes(m.peak)} {per} (buffers live at once, XLA's count); allocated "
+             f"{human_bytes(m.allocated)} = arguments {human_bytes(m.arguments)} + outputs {human_bytes(m.outputs)}"
+             f"{aliased} + temporaries {human_bytes(m.temporaries)}{code}"]
+    if m.over_limit:
+        lines.append(f"the peak is more than the device's {human_bytes(m.device_limit)}: "
+                     "this step will likely run out of memory")
+    return lines
 
 
 def memory_html(record: StepRecord) -> str:
@@ -22,30 +42,38 @@ def memory_html(record: StepRecord) -> str:
     if m is None:
         parts.append(f"<div>{html.escape(memory_lines(record)[0])}</div>")
     else:
-        if over_limit(m):
+        if m.over_limit:
             parts.append(f'<div class="xlakit-warning">&#9888; This step needs {human_bytes(m.peak)} per device at '
                          f"its peak, more than the device's {human_bytes(m.device_limit)}: it will likely run out "
                          "of memory. Use smaller batches, donation, or shard it.</div>")
         each = f"each of {m.devices} devices" if m.devices > 1 else "the device"
-        rows = [("arguments", m.arguments, "the step's inputs: parameters, optimizer state, data, scalars"),
-                ("+ outputs", m.outputs, "the values it computes"),
-                ("- into donated inputs", m.aliased,
-                 "outputs written into donated inputs' buffers: counted in both above, held once"),
-                ("+ temporaries", m.temporaries, "XLA's scratch space for intermediates (activations, ...)"),
-                ("= allocated", m.allocated, "every buffer of the executable, each held once: the safe bound"),
-                ("peak", m.peak, "XLA's count of the most held at once (its schedule frees buffers early; on a "
-                                 "CPU it has left the temporaries out)"),
-                ("device memory", m.device_limit, "what the device has" if m.device_limit is not None
-                 else "not reported by the device's runtime (a CPU's is not)")]
-        if m.code:
-            rows.insert(4, ("+ generated code", m.code, "the executable's code, held on the device"))
-        body = "".join(f'<tr><td>{name}</td><td class="num">{human_bytes(n)}</td>'
-                       f"<td>{html.escape(what)}</td></tr>" for name, n, what in rows)
         parts.append(f"<div>What {each} holds while the step runs, from XLA's memory analysis of the compiled "
-                     f'executable (known before it runs):</div><table class="xlakit-memory">{body}</table>'
-                     + _memory_bars(m))
+                     "executable (known before it runs):</div>" + memory_table(m, "xlakit-memory") + _memory_bars(m))
     parts.append(_buffers_table(record))
     return "".join(parts)
+
+
+def memory_table(m: MemoryInfo, css_class: str) -> str:
+    """What each device holds, with what each line means; on a mesh, also summed over its devices.
+    `css_class` tells the step view's table from the sharding view's."""
+    rows = [("arguments", m.arguments, "the step's inputs: parameters, optimizer state, data, scalars"),
+            ("+ outputs", m.outputs, "the values it computes"),
+            ("- into donated inputs", m.aliased,
+             "outputs written into donated inputs' buffers: counted in both above, held once"),
+            ("+ temporaries", m.temporaries, "XLA's scratch space for intermediates (activations, ...)"),
+            ("= allocated", m.allocated, "every buffer of the executable, each held once: the safe bound"),
+            ("peak", m.peak, "XLA's count of the most held at once (its schedule frees buffers early; on a "
+                             "CPU it has left the temporaries out)"),
+            ("device memory", m.device_limit, "what the device has" if m.device_limit is not None
+             else "not reported by the device's runtime (a CPU's is not)")]
+    if m.code:
+        rows.insert(4, ("+ generated code", m.code, "the executable's code, held on the device"))
+    mesh = m.devices > 1
+    head = f"<tr><th></th><th>per device</th><th>all {m.devices} devices</th><th></th></tr>" if mesh else ""
+    body = "".join(f'<tr><td>{name}</td><td class="num">{human_bytes(n)}</td>'
+                   + (f'<td class="num">{human_bytes(None if n is None else n * m.devices)}</td>' if mesh else "")
+                   + f"<td>{html.escape(what)}</td></tr>" for name, n, what in rows)
+    return f'<table class="{css_class}">{head}{body}</table>'
 
 
 def _memory_bars(m) -> str:
@@ -85,6 +113,14 @@ def _buffers_table(record: StepRecord) -> str:
             "<h5>The largest</h5>"
             '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or what made it</th><th>aval</th>'
             f"<th>bytes</th><th>donation</th></tr>{body}</table>")
+
+
+def cost_line(record: StepRecord) -> str:
+    c = record.cost
+    if c is None:
+        return f"unknown ({record.backend} gives no cost analysis of this executable)"
+    return (f"{human_flops(c.flops)}, {human_bytes(round(c.bytes_accessed))} accessed per device "
+            "(XLA's estimates)")
 
 
 def cost_html(record: StepRecord) -> str:

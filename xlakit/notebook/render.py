@@ -1,16 +1,20 @@
-"""StepRecord -> plain text and static HTML. Views read records; they never reach into the engine.
+"""StepRecord -> plain text and static HTML: the step view (its summary, key, why,
+donation, cache and time panels here, each as text and HTML; memory and cost in
+panels.py, sharding in sharding_view.py) and the history. Views read records;
+they never reach into the engine.
 
 The plain text is deterministic (no timings, no addresses) so nbval and
-terminals see something true; timings appear only in the HTML.
+terminals see something true; timings appear only in the HTML. It is also how a
+StepRecord prints (xlakit/__init__ binds `text` as its repr).
 """
 from __future__ import annotations
 
 import html
 
 from ..analysis import misses
-from ..core import record as record_text
-from ..core.record import Backend, Cache, StepRecord, Timings, cache_line, donation_lines, human_bytes, key_owner
+from ..core.record import Backend, Cache, StepRecord, Timings
 from . import graph_dot, panels, sharding_view
+from .units import human_bytes
 
 # left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
 STYLE = """<style>
@@ -25,58 +29,35 @@ STYLE = """<style>
 </style>"""
 
 
-def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
-    if previous is None:
-        return set()
-    changed = {c for c, v in record.components.items() if previous.components.get(c) != v}
-    if record.metadata_digest != previous.metadata_digest:
-        changed.add("metadata")
-    return changed
+# -- summary ------------------------------------------------------------------------
+def summary_lines(record: StepRecord, name: str | None) -> list[str]:
+    title = f"step {record.index}" + (f" [{name}]" if name else "") + \
+        ("" if record.backend is Backend.XLAKIT else f" ({record.backend})")
+    lines = [f"{title}: trigger={record.trigger} {cache_line(record)} key={record.key[:16]}",
+             f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
+    if record.source:
+        lines.append(f"  at {record.source}")
+    return lines
 
 
-def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
-    """On a miss with a previous step of the same cell: what differs from that
-    step (what the user changed), from the two records' data. The engine's own
-    `why` answers another question, the difference from the closest cached key,
-    which may be another cell's graph; it is shown when there is no previous step."""
-    if (record.cache is not Cache.HIT and record.backend is Backend.XLAKIT
-            and previous is not None and previous.key != record.key):
-        changed = misses.diff(record.components, previous.components)
-        return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
-                *misses.explain_miss(record.components, record.graph, previous.components, previous.graph)]
-    return record_text.why_lines(record)
+def _header_html(record: StepRecord, name: str | None) -> str:
+    title = f"step {record.index}" + (f" [{html.escape(name)}]" if name else "")
+    where = f" at {html.escape(record.source)}" if record.source else ""
+    return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
+            f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
 
 
-def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
-    return record_text.text(record, name, changed_components(record, previous), why_lines(record, previous))
+# -- key ----------------------------------------------------------------------------
+def key_lines(record: StepRecord, changed: set[str]) -> list[str]:
+    lines = [f"  key components ({_key_owner(record)}):"]
+    lines += [f"    {c:<8} {v[:16]}{'  *changed*' if c in changed else ''}" for c, v in record.components.items()]
+    lines.append(f"    metadata {(record.metadata_digest or 'unknown')[:16]} (not in key)"
+                 f"{'  *changed*' if 'metadata' in changed else ''}")
+    return lines
 
 
-def html_view(record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
-              hlo: bool = False) -> str:
-    return "".join([STYLE, '<div class="xlakit-step">', _header_html(record, name),
-                    *(section for _, section in sections_html(record, previous, hlo)), "</div>"])
-
-
-def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) -> list[tuple[str, str]]:
-    """(title, html) per view section; the widget puts each in a tab."""
-    sections = [
-        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_dot.step_svg(record, previous)}</div>'),
-        ("Key", "<h4>Key</h4>" + key_table(record, previous)),
-        ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
-        ("Donation", "<h4>Donation</h4>" + donation_table(record)),
-        ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
-        ("Memory", "<h4>Memory</h4>" + panels.memory_html(record)),
-        ("Cost", "<h4>Cost</h4>" + panels.cost_html(record)),
-        *sharding_view.sections(record),
-    ]
-    if hlo:
-        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))
-    return sections
-
-
-def key_table(record: StepRecord, previous: StepRecord | None) -> str:
-    changed = changed_components(record, previous)
-    rows = [(c, v, key_owner(record)) for c, v in record.components.items()]
+def key_table(record: StepRecord, changed: set[str]) -> str:
+    rows = [(c, v, _key_owner(record)) for c, v in record.components.items()]
     rows.append(("metadata", record.metadata_digest or "unknown", "not in key"))
     body = "".join(
         f'<tr class="{"changed" if c in changed else ""} {"not-in-key" if where == "not in key" else ""}">'
@@ -86,16 +67,67 @@ def key_table(record: StepRecord, previous: StepRecord | None) -> str:
            f"<div>key {record.key}</div>"
 
 
+def _key_owner(record: StepRecord) -> str:
+    return "in key" if record.backend is Backend.XLAKIT else f"in {record.backend}'s key"
+
+
+# -- why ----------------------------------------------------------------------------
+def why_lines(record: StepRecord, previous: StepRecord | None = None) -> list[str]:
+    """Why the step hit or missed. On a miss with a previous step of the same cell:
+    what differs from that step (what the user changed), from the two records' data.
+    Otherwise as its executor said: on a miss, the engine's comparison with the closest
+    cached key, which may be another cell's graph."""
+    if record.cache is Cache.HIT:
+        return [cache_line(record)]
+    if record.backend is not Backend.XLAKIT:
+        return [cache_line(record), *record.why]
+    if previous is not None and previous.key != record.key:
+        changed = misses.diff(record.components, previous.components)
+        return [f"differs from this cell's previous step (#{previous.index}) in: {', '.join(changed)}",
+                *misses.explain_miss(record.components, record.graph, previous.components, previous.graph)]
+    if not record.changed:
+        return ["first compilation of this graph (nothing similar cached)"]
+    return [f"differs from the closest cached key in: {', '.join(record.changed)}", *record.why]
+
+
+# -- donation -----------------------------------------------------------------------
+def donation_lines(record: StepRecord) -> list[str]:
+    if not record.donated:
+        if record.backend is not Backend.XLAKIT and record.cache is Cache.HIT:
+            return [f"unknown: {record.donation_note}"]   # torch_xla says only when it compiles
+        return [f"nothing donated{': ' + record.donation_note if record.donation_note else ''}"]
+    total = record.donated_bytes
+    lines = [f"{len(record.donated)} buffer(s) donated"
+             + (f", {human_bytes(total)} reused" if total is not None else "")]
+    lines += [f"  input {d.index} {d.label or '(unlabelled)'} {d.dtype}{list(d.shape)} {human_bytes(d.nbytes)}"
+              for d in record.donated if d.index is not None]  # torch_xla says how many, not which
+    if record.donation_note:
+        lines.append(f"  {_not_donated(record)}: {record.donation_note}")
+    return lines
+
+
 def donation_table(record: StepRecord) -> str:
     if not record.donated:
         return _list_html(donation_lines(record))
     body = "".join(f"<tr><td>{_known(d.index)}</td><td>{html.escape(d.label or '(unlabelled)')}</td>"
                    f"<td>{_known(d.shape and list(d.shape))}</td><td>{_known(d.dtype)}</td>"
                    f"<td>{human_bytes(d.nbytes)}</td></tr>" for d in record.donated)
-    label = "not donated" if record.backend is Backend.XLAKIT else "note"
-    note = f"<div>{label}: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
+    note = f"<div>{_not_donated(record)}: {html.escape(record.donation_note)}</div>" if record.donation_note else ""
     return (f'<table class="xlakit-donation"><tr><th>input</th><th>label</th><th>shape</th><th>dtype</th>'
             f"<th>bytes</th></tr>{body}</table><div>total {human_bytes(record.donated_bytes)} reused</div>{note}")
+
+
+def _not_donated(record: StepRecord) -> str:
+    return "not donated" if record.backend is Backend.XLAKIT else "note"
+
+
+# -- cache and time -----------------------------------------------------------------
+def cache_line(record: StepRecord) -> str:
+    if record.cache is Cache.HIT:
+        return "cache hit" if record.uses is None else f"cache hit ({_ordinal(record.uses)} use)"
+    if record.cache is Cache.PERSISTENT_HIT:
+        return "persistent cache hit (loaded from disk, not compiled)"
+    return "cache miss: compiled"
 
 
 def timing_table(record: StepRecord) -> str:
@@ -108,11 +140,55 @@ def timing_table(record: StepRecord) -> str:
         + "</table>"
 
 
-def _header_html(record: StepRecord, name: str | None) -> str:
-    title = f"step {record.index}" + (f" [{html.escape(name)}]" if name else "")
-    where = f" at {html.escape(record.source)}" if record.source else ""
-    return (f"<div><b>{title}</b>: {record.trigger}, {cache_line(record)}, {record.num_nodes} nodes, "
-            f"{record.num_inputs} inputs, {record.num_outputs} outputs{where}</div>")
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+# -- the step view ------------------------------------------------------------------
+def text(record: StepRecord, name: str | None = None, previous: StepRecord | None = None) -> str:
+    """The step view's text, which marks the components changed since `previous`;
+    without a name or a previous step, the record's repr."""
+    changed = changed_components(record, previous)
+    lines = summary_lines(record, name) + key_lines(record, changed)
+    lines += [f"  why: {line}" for line in why_lines(record, previous)]
+    lines += [f"  donation: {line}" for line in donation_lines(record)]
+    lines += [f"  sharding: {line}" for line in sharding_view.summary_lines(record)]
+    lines += [f"  memory: {line}" for line in panels.memory_lines(record)]
+    lines.append(f"  cost: {panels.cost_line(record)}")
+    return "\n".join(lines)
+
+
+def changed_components(record: StepRecord, previous: StepRecord | None) -> set[str]:
+    if previous is None:
+        return set()
+    changed = {c for c, v in record.components.items() if previous.components.get(c) != v}
+    if record.metadata_digest != previous.metadata_digest:
+        changed.add("metadata")
+    return changed
+
+
+def html_view(record: StepRecord, name: str | None = None, previous: StepRecord | None = None,
+              hlo: bool = False) -> str:
+    return "".join([STYLE, '<div class="xlakit-step">', _header_html(record, name),
+                    *(section for _, section in sections_html(record, previous, hlo)), "</div>"])
+
+
+def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) -> list[tuple[str, str]]:
+    """(title, html) per view section; the widget puts each in a tab."""
+    sections = [
+        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_dot.step_svg(record, previous)}</div>'),
+        ("Key", "<h4>Key</h4>" + key_table(record, changed_components(record, previous))),
+        ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
+        ("Donation", "<h4>Donation</h4>" + donation_table(record)),
+        ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
+        ("Memory", "<h4>Memory</h4>" + panels.memory_html(record)),
+        ("Cost", "<h4>Cost</h4>" + panels.cost_html(record)),
+        *sharding_view.sections(record),
+    ]
+    if hlo:
+        sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))
+    return sections
 
 
 def _known(value, form: str = "{}") -> str:
@@ -131,6 +207,7 @@ def _execute_ms(t: Timings) -> str:
     return _ms(t.execute) if t.waited else f"{_ms(t.execute)} to dispatch (not waited for)"
 
 
+# -- history ----------------------------------------------------------------------
 def history_text(rows: list[tuple[str, StepRecord]]) -> str:
     lines = [f"{'#':>4} {'cell/name':<16} {'trigger':<10} {'key':<12} {'cache':<15} {'donated':>10} "
              f"{'peak memory':>11}"]

@@ -12,7 +12,9 @@ import itertools
 import math
 
 from .. import session
-from ..core.record import MeshInfo, StepRecord, TensorSharding, human_bytes
+from ..core.record import MeshInfo, StepRecord, TensorSharding
+from . import panels
+from .units import human_bytes
 
 # A tensor at least this big, whole on every device of a mesh, is worth a warning.
 LARGE_BYTES = 1 << 20
@@ -101,8 +103,26 @@ def text(record: StepRecord, large: int = LARGE_BYTES) -> str:
     if rest:
         lines.append(f"  {_rest_text(rest, large)}")
     lines += ["  " + line for line in _collective_lines(record)]
-    lines += ["  " + line for line in _memory_lines(record)]
+    lines += [f"  memory: {line}" for line in panels.memory_lines(record)]
     return "\n".join(lines)
+
+
+def summary_lines(record: StepRecord) -> list[str]:
+    """The step view's sharding lines: mesh, how many inputs and outputs are split, memory per
+    device and collectives; none on one device."""
+    info = record.shardings
+    if info is None:
+        return []
+    split = [sum(not t.replicated for t in group) for group in (info.inputs, info.outputs)]
+    lines = [f"mesh ({_axes_text(info.mesh)}) over {info.mesh.size} devices; split: {split[0]} of "
+             f"{len(info.inputs)} inputs, {split[1]} of {len(info.outputs)} outputs (the rest replicated)"]
+    if record.memory is not None:
+        lines.append(f"per device: peak {human_bytes(record.memory.peak)}, "
+                     f"arguments {human_bytes(record.memory.arguments)}")
+    counts = {op: len(found) for op, found in _by_op(record).items()}
+    lines.append("collectives: " + (", ".join(f"{n} {op}" for op, n in counts.items()) or "none")
+                 + (f", {human_bytes(sum(c.nbytes for c in record.collectives))}" if counts else ""))
+    return lines
 
 
 def _shown(record: StepRecord, large: int) -> tuple[list, list]:
@@ -136,15 +156,6 @@ def _collective_lines(record: StepRecord) -> list[str]:
         lines.append(f"  {op} x{len(found)}: {human_bytes(sum(c.nbytes for c in found))}"
                      + (f", groups of {'/'.join(map(str, groups))}" if groups else ""))
     return lines
-
-
-def _memory_lines(record: StepRecord) -> list[str]:
-    m = record.memory
-    if m is None:
-        return ["memory: the backend does not report it"]
-    return [f"memory per device (x{m.devices}): peak {human_bytes(m.peak)}, arguments {human_bytes(m.arguments)}, "
-            f"outputs {human_bytes(m.outputs)}, aliased {human_bytes(m.aliased)}, "
-            f"temporaries {human_bytes(m.temporaries)}"]
 
 
 def _by_op(record: StepRecord) -> dict[str, list]:
@@ -265,14 +276,8 @@ def _collectives_html(record: StepRecord) -> str:
 def _memory_html(record: StepRecord) -> str:
     m = record.memory
     if m is None:
-        return "<h4>Memory per device</h4><div>the backend does not report it</div>"
-    rows = [("arguments", m.arguments), ("outputs", m.outputs), ("aliased (donated)", m.aliased),
-            ("temporaries", m.temporaries), ("peak", m.peak)]
-    body = "".join(f"<tr><td>{k}</td><td>{human_bytes(v)}</td><td>{human_bytes(v * m.devices)}</td></tr>"
-                   for k, v in rows)
-    limit = f"<div>device memory {human_bytes(m.device_limit)}</div>" if m.device_limit else ""
-    return (f"<h4>Memory per device ({m.devices} devices)</h4><table><tr><th></th><th>per device</th>"
-            f"<th>all devices</th></tr>{body}</table>{limit}")
+        return f"<h4>Memory per device</h4><div>{html.escape(panels.memory_lines(record)[0])}</div>"
+    return f"<h4>Memory per device ({m.devices} devices)</h4>" + panels.memory_table(m, "xlakit-mesh-memory")
 
 
 def _axes_text(mesh: MeshInfo) -> str:
