@@ -40,7 +40,11 @@ import torch
 from jax import lax
 
 from .policy import NeedsEager
-from .registry import lowers
+from .registry import Handling, handled_as, lowers
+
+handled_as(Handling.EAGER, "aten::_linalg_check_errors",
+           reason="reads LAPACK's info and raises torch's own error (linalg.inv, cholesky, solve): a read of the "
+                  "value, as in eager")
 
 _LAPACK_DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128))
 _HALF = frozenset(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16))
