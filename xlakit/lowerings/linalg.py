@@ -1,7 +1,7 @@
 """Matrix products, linear algebra and FFTs.
 
 Products go through jnp.matmul / lax.dot_general with precision=None for
-float32, so the precision lowering.py sets from torch's float32 matmul setting
+float32, so the precision to_jax.py sets from torch's float32 matmul setting
 applies; float64 and complex128 products ask for HIGHEST (eager computes them
 in full precision whatever that setting says); float16 / bfloat16 accumulate
 in float32 as eager CPU does.
