@@ -90,7 +90,7 @@ RANDOM_REASON = ("random: a key fixed at trace time would make a cached executab
 def _register(names, *, policy: Policy | None = None, lowering: Lowering | None = None) -> None:
     for name in names:
         entry = TABLE.get(name, Entry())
-        if (policy and entry.policy) or (lowering and entry.lowering):
+        if (policy is not None and entry.policy is not None) or (lowering is not None and entry.lowering is not None):
             raise ImportError(f"xlakit internal error: {name} is registered twice")
         TABLE[name] = Entry(policy or entry.policy, lowering or entry.lowering)
 
