@@ -39,7 +39,7 @@ def broken_sinh(monkeypatch):
         raise ValueError("injected lowering fault")
 
     # an overload's key wins over its packet's
-    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default", lowerings.Lowering(broken))
+    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default", lowerings.Entry(lowering=lowerings.Lowering(broken)))
 
 
 def test_failed_lowering_computes_the_node_eagerly_and_the_step_goes_on(dev, broken_sinh):

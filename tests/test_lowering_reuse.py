@@ -21,7 +21,8 @@ def counted_sinh(monkeypatch):
     def sinh(self):
         traced.append(tuple(self.shape))
         return original.fn(self)
-    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default", lowerings.Lowering(sinh, original.promote))
+    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default",
+                        lowerings.Entry(lowering=lowerings.Lowering(sinh, original.promote)))
     return traced
 
 
@@ -42,7 +43,8 @@ def test_the_same_node_is_traced_by_its_lowering_once(dev, counted_sinh):
 def test_a_patched_lowering_is_traced_anew(dev, counted_sinh, monkeypatch):
     x = torch.ones(5).to(dev)
     x.sinh().cpu()
-    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default", lowerings.Lowering(lambda self: self * 0 + 7))
+    monkeypatch.setitem(lowerings.TABLE, "aten::sinh.default",
+                        lowerings.Entry(lowering=lowerings.Lowering(lambda self: self * 0 + 7)))
     assert_same(x.sinh() + 1, torch.full((5,), 8.0))   # a new graph, whose sinh node is the same
 
 

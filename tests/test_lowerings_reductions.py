@@ -386,7 +386,7 @@ def test_a_wrong_lowering_fails_this_file(monkeypatch):
             return jnp.where(later_wins, b[0], a[0]), jnp.where(later_wins, b[1], a[1])
         return lax.associative_scan(combine, (self, index), axis=dim)
 
-    monkeypatch.setitem(lowerings.TABLE, "aten::cummax", lowerings.Lowering(first_of_ties))
+    monkeypatch.setitem(lowerings.TABLE, "aten::cummax", lowerings.Entry(lowering=lowerings.Lowering(first_of_ties)))
     # executables are cached by graph: a key of their own for the broken lowering's
     monkeypatch.setattr(to_jax, "LOWERING_VERSION", "broken cummax")
     x = TIES

@@ -3,9 +3,10 @@
 PyTorch's functionalization layer turns views and in-place ops into functional
 ops before they reach `LazyTensor.__torch_dispatch__` (tensor.py), so the IR
 holds only functional ops and an in-place update is a rebinding of the wrapper
-to a new `LazyTensor`. Each op is handled as the op table (ops.py) says:
-recorded as a node (shape and dtype from torch's meta kernels, memoized),
-decomposed, run eagerly on CPU (eager.py), or by a handler of its own here.
+to a new `LazyTensor`. Each op is handled as its registration
+(lowerings/registry.py) says: recorded as a node (shape and dtype from torch's
+meta kernels, memoized), decomposed, run eagerly on CPU (eager.py), or by a
+handler of its own here (`@handles`).
 xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
@@ -19,16 +20,16 @@ import torch._decomp
 from torch._prims_common import get_computation_dtype
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-from .. import lowerings
 from ..config import config
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node, Slot, fill
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from ..engine.executor import current
-from ..lowerings import eager, to_jax
+from ..lowerings import eager, registry
 from ..lowerings import policy as ops
-from ..lowerings.policy import Handling, NeedsEager
+from ..lowerings.policy import NeedsEager
+from ..lowerings.registry import Handling, handles
 from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
 _META = torch.device("meta")
@@ -96,8 +97,8 @@ def _view_of_copy(op):
 
 
 class _OpInfo:
-    """What the frontend needs to know about one aten op, computed once: the
-    op table's policy (ops.policy), its implementations, and what the op's
+    """What the frontend needs to know about one aten op, computed once: its
+    registered policy (registry.policy), its implementations, and what the op's
     schema says."""
 
     __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
@@ -105,8 +106,8 @@ class _OpInfo:
                  "checked_scalars", "fill")
 
     def __init__(self, op):
-        policy = ops.policy(op)
-        self.special = _SPECIAL[ops.key(op)] if policy.handling is Handling.FRONTEND else None
+        policy = registry.policy(op)
+        self.special = policy.implementation if policy.handling is Handling.FRONTEND else None
         lift = policy.lift_scalars
         # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
         # arguments of arithmetic ops, and Python floats where a Tensor is expected
@@ -115,18 +116,18 @@ class _OpInfo:
                   for a in op._schema.arguments]
         self.scalar_args = tuple(scalar)
         self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
-        self.lowerable = to_jax.has_lowering(op)
+        self.lowerable = registry.has_lowering(op)
         self.eager_reason = policy.reason if policy.handling in (Handling.EAGER, Handling.RANDOM) \
             else "no XLA lowering"
-        self.decomposition = to_jax.decomposition(op)
+        self.decomposition = registry.decomposition(op)
         self.functional = _functional_of_inplace(op) or _functional_of_out(op)
         self.foreach = _per_tensor_of_foreach(op)
         self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
         self.view = _view_of_copy(op)
         self.cpu_indices = policy.cpu_indices
-        found = lowerings.find(op)
+        found = registry.find(op)
         self.opmath_scalar = found.opmath_scalar if found else ""
-        # (position, name) of each Scalar argument eager checks (ops.Policy.checked_scalars)
+        # (position, name) of each Scalar argument eager checks (registry.Policy.checked_scalars)
         self.checked_scalars = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
                                      if a.name in policy.checked_scalars)
         self.fill = policy.fill
@@ -166,7 +167,7 @@ def _c10_name(dtype: torch.dtype) -> str:
 
 def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
     """Raise eager's error where a Scalar argument does not fit the type eager's
-    kernel converts it to (ops.Policy.checked_scalars): XLA would wrap it or make
+    kernel converts it to (registry.Policy.checked_scalars): XLA would wrap it or make
     it inf. The value is a Python constant, so this needs no sync."""
     for position, name in info.checked_scalars:
         value = args[position] if position < len(args) else kwargs.get(name)
@@ -539,7 +540,11 @@ def _leaves(value):
         yield value
 
 
-# -- ops with their own meaning on a lazy device ------------------------------
+# -- ops with their own meaning on a lazy device (these overloads only) ----------
+_ALIAS = "values are immutable: a new tensor sharing the value, no node, no copy"
+
+
+@handles("aten::_to_copy.default", reason="a copy to the host is a sync; a cast is recorded")
 def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     if device is not None and torch.device(device).type != "lazy":
@@ -548,6 +553,7 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return _record(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
 
 
+@handles("aten::copy.default", reason="the source, cast and expanded: an alias")
 def _copy(dst, src, non_blocking=False):
     """src's value in dst's place: cast, broadcast, and laid out as dst (copy_ keeps dst's strides)."""
     if not isinstance(src, LazyTensor):
@@ -560,11 +566,14 @@ def _copy(dst, src, non_blocking=False):
     return LazyTensor(src._state, (dst.stride(), dst.storage_offset()))
 
 
+@handles("aten::detach.default", "aten::alias.default", "aten::detach_copy.default", "aten::alias_copy.default",
+         "aten::lift_fresh.default", reason=_ALIAS)
 def alias(x, *_, **__):
     """A new tensor sharing x's value (values are immutable): no node, no copy."""
     return LazyTensor(x._state, (x.stride(), x.storage_offset()))
 
 
+@handles("aten::clone.default", reason=_ALIAS)
 def _clone(x, **kwargs):
     """x's value (values are immutable), with the strides eager's clone gives it."""
     return LazyTensor(x._state, _layout(aten.clone.default, (x,), kwargs))
@@ -578,6 +587,7 @@ def _layout(func, args, kwargs):
     return strides, offset + (_view_offset(func, tensors[0], template) if info.view is not None else 0)
 
 
+@handles("aten::slice_copy.Tensor", reason="a slice of a pending cat is taken from the cat's input")
 def _slice_copy(*args, **kwargs):
     piece = _slice_of_cat(*args, **kwargs)
     if piece is None:
@@ -624,6 +634,8 @@ def _host_like(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
 
 
+@handles("aten::native_dropout.default", reason="eager CPU's dropout: the noise drawn and scaled on the host by "
+                                                 "torch's CPU generator, then one multiply in the graph")
 def _native_dropout(x, p, train=None):
     """Dropout as eager CPU computes it. torch sends dropout on the lazy device
     to native_dropout (its fused kernel, as on CUDA); on CPU it draws
@@ -639,26 +651,9 @@ def _native_dropout(x, p, train=None):
     return _record(aten.mul.Tensor, (x, noise), {}), _record(aten.ne.Scalar, (noise, 0), {})
 
 
+@handles("aten::_local_scalar_dense.default", reason="a read of the value: a partial sync")
 def _local_scalar_dense(x):
     return to_host(x, trigger=Trigger.ITEM).item()
-
-
-# The frontend's own handlers of the ops the op table marks Handling.FRONTEND.
-_SPECIAL = {ops.key(op): handler for op, handler in {
-    aten._to_copy.default: _to_copy,
-    aten.copy.default: _copy,
-    aten.detach.default: alias,
-    aten.alias.default: alias,
-    aten.detach_copy.default: alias,
-    aten.alias_copy.default: alias,
-    aten.lift_fresh.default: alias,
-    aten.clone.default: _clone,
-    aten._local_scalar_dense.default: _local_scalar_dense,
-    aten.native_dropout.default: _native_dropout,
-    aten.slice_copy.Tensor: _slice_copy,
-}.items()}
-if set(_SPECIAL) != ops.named(Handling.FRONTEND):
-    raise ImportError("xlakit internal error: frontend.py does not handle what ops.TABLE names")
 
 
 def functional_variant(op):

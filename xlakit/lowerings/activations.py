@@ -22,7 +22,7 @@ def relu6(self):
     return clamp_values(self, 0, 6)
 
 
-@lowers("aten::hardtanh", promote=True)
+@lowers("aten::hardtanh", promote=True, checked_scalars=("min_val", "max_val"))
 def hardtanh(self, min_val=-1, max_val=1):
     return clamp_values(self, min_val, max_val)
 
@@ -32,7 +32,7 @@ def hardtanh_backward(grad_output, self, min_val, max_val):
     return jnp.where((self <= min_val) | (self >= max_val), jnp.zeros_like(grad_output), grad_output)
 
 
-@lowers("aten::threshold", promote=True)
+@lowers("aten::threshold", promote=True, checked_scalars=("threshold", "value"))
 def threshold(self, threshold, value):
     return jnp.where(self <= as_dtype(threshold, self.dtype), as_dtype(value, self.dtype), self)
 

@@ -1,8 +1,9 @@
 """Tensor factories: full, zeros, ones, empty, arange, eye, scalar_tensor,
-linspace and the *_like / new_* forms; casts (_to_copy).
+linspace and the *_like / new_* forms; casts (_to_copy); the random
+factories, which draw on the host.
 
 Factory arguments (sizes, fill values, start / end / step) are Python values
-fixed in the graph, unless the op table lifts them; `dtype` may be None, and
+fixed in the graph, unless their registration lifts them; `dtype` may be None, and
 then the caller casts to the dtype torch's meta kernel gives. Layout, device,
 pin_memory and memory_format say nothing about values and are ignored.
 """
@@ -16,7 +17,7 @@ import torch
 from jax import lax
 
 from .dtypes import jax_dtype
-from .registry import lowers
+from .registry import RANDOM_REASON, Handling, handled_as, lowers
 
 
 # -- casts ----------------------------------------------------------------------------
@@ -87,22 +88,22 @@ def _full(shape, value, dtype):
     return jnp.broadcast_to(value, tuple(shape))
 
 
-@lowers("aten::full.default")
+@lowers("aten::full.default", checked_scalars=("fill_value",), fill=True)
 def full(size, fill_value, *, dtype=None, **_):
     return _full(size, fill_value, _target(dtype))
 
 
-@lowers("aten::full_like")
+@lowers("aten::full_like", checked_scalars=("fill_value",), fill=True)
 def full_like(self, fill_value, *, dtype=None, **_):
     return _full(self.shape, fill_value, _target(dtype, self.dtype))
 
 
-@lowers("aten::new_full")
+@lowers("aten::new_full", checked_scalars=("fill_value",), fill=True)
 def new_full(self, size, fill_value, *, dtype=None, **_):
     return _full(size, fill_value, _target(dtype, self.dtype))
 
 
-@lowers("aten::scalar_tensor")
+@lowers("aten::scalar_tensor", checked_scalars=("s",), fill=True)
 def scalar_tensor(s, *, dtype=None, **_):
     return _full((), s, _target(dtype))
 
@@ -376,6 +377,13 @@ def tril_indices(row, col, offset=0, *, dtype=None, **_):
 @lowers("aten::triu_indices")
 def triu_indices(row, col, offset=0, *, dtype=None, **_):
     return _triangle_indices(row, col, offset, dtype, upper=True)
+
+
+# -- random: drawn on the host by torch's CPU generator, so torch.manual_seed holds ------------
+# (an op with a Generator argument is random by its schema; these have none)
+handled_as(Handling.RANDOM, "aten::rand", "aten::randn", "aten::randint", "aten::randperm", reason=RANDOM_REASON)
+handled_as(Handling.RANDOM_LIKE, "aten::rand_like", "aten::randn_like", "aten::randint_like",
+           reason="reads only its input's shape and dtype")
 
 
 # -- PyTorch's primitives (torch._prims), where its decompositions reach them ----------------------

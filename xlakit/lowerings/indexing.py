@@ -26,7 +26,7 @@ from jax import lax
 from ..core import checks
 from .dtypes import category, computation_dtype, jax_dtype
 from .policy import NeedsEager
-from .registry import lowers
+from .registry import Handling, handled_as, lowers
 
 # -- helpers ----------------------------------------------------------------------
 _OUT_OF_BOUNDS = "index {index} is out of bounds for dimension %d with size %d"
@@ -169,7 +169,7 @@ def unsafe_index(self, indices):
     return self[_key(self, indices)]
 
 
-@lowers("aten::index")
+@lowers("aten::index", cpu_indices=True)
 def index(self, indices):
     key = _key(self, indices)
     for d, i in enumerate(key):
@@ -188,7 +188,7 @@ def unsafe_index_put(self, indices, values, accumulate=False):
     return _index_put(self, indices, values, accumulate, checked=False)
 
 
-@lowers("aten::index_put", "aten::_index_put_impl")
+@lowers("aten::index_put", "aten::_index_put_impl", cpu_indices=True)
 def index_put(self, indices, values, accumulate=False, unsafe=False):
     """(eager CPU checks the indices of _index_put_impl also where unsafe=True)"""
     return _index_put(self, indices, values, accumulate, checked=True)
@@ -292,7 +292,7 @@ def scatter_src(self, dim, index, src, *, reduce=None):
     return _scatter(self, dim, index, src, reduce)
 
 
-@lowers("aten::scatter.value", "aten::scatter.value_reduce")
+@lowers("aten::scatter.value", "aten::scatter.value_reduce", checked_scalars=("value",))
 def scatter_value(self, dim, index, value, *, reduce=None):
     return _scatter(self, dim, index, _cast(value, self.dtype), reduce)
 
@@ -385,7 +385,7 @@ def index_copy(self, dim, index, source):
     return base.at[where].set(source.astype(self.dtype)).reshape(self.shape)
 
 
-@lowers("aten::index_fill")
+@lowers("aten::index_fill", checked_scalars=("value",))
 def index_fill(self, dim, index, value):
     _require_long(index)
     dim, size = _dim_size(self, dim)
@@ -448,6 +448,11 @@ def one_hot(self, num_classes=-1):
 
 
 # -- embedding ----------------------------------------------------------------------------
+handled_as(Handling.EAGER, "aten::_embedding_bag_forward_only",
+           reason="eager CPU returns an empty offset2bag where the meta kernel says (n,): only a fallback at "
+                  "record time takes eager's shapes")
+
+
 @lowers("aten::embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
     """Rows of weight (padding_idx only matters to the backward)."""

@@ -1,7 +1,7 @@
 """Matrix products, linear algebra and FFTs.
 
 Products go through jnp.matmul / lax.dot_general with precision=None for
-float32, so the precision lowering.py sets from torch's float32 matmul setting
+float32, so the precision to_jax.py sets from torch's float32 matmul setting
 applies; float64 and complex128 products ask for HIGHEST (eager computes them
 in full precision whatever that setting says); float16 / bfloat16 accumulate
 in float32 as eager CPU does.
@@ -40,7 +40,11 @@ import torch
 from jax import lax
 
 from .policy import NeedsEager
-from .registry import lowers
+from .registry import Handling, handled_as, lowers
+
+handled_as(Handling.EAGER, "aten::_linalg_check_errors",
+           reason="reads LAPACK's info and raises torch's own error (linalg.inv, cholesky, solve): a read of the "
+                  "value, as in eager")
 
 _LAPACK_DTYPES = frozenset(jnp.dtype(d) for d in (jnp.float32, jnp.float64, jnp.complex64, jnp.complex128))
 _HALF = frozenset(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16))

@@ -132,7 +132,7 @@ def with_scalar(self, other):
 
 
 # -- arithmetic -----------------------------------------------------------------------
-@lowers("aten::add", promote=True)
+@lowers("aten::add", promote=True, lift_scalars=True, checked_scalars=("alpha",))
 def add(self, other, *, alpha=1):
     other = as_dtype(other, self.dtype)
     if self.dtype == jnp.bool_:
@@ -143,7 +143,7 @@ def add(self, other, *, alpha=1):
     return self + other
 
 
-@lowers("aten::sub", promote=True)
+@lowers("aten::sub", promote=True, lift_scalars=True, checked_scalars=("alpha",))
 def sub(self, other, *, alpha=1):
     other = as_dtype(other, self.dtype)
     if not (isinstance(alpha, NUMBER) and alpha == 1):
@@ -152,12 +152,12 @@ def sub(self, other, *, alpha=1):
     return self - other
 
 
-@lowers("aten::rsub", promote=True)
+@lowers("aten::rsub", promote=True, lift_scalars=True, checked_scalars=("alpha",))
 def rsub(self, other, alpha=1):
     return sub(as_dtype(other, self.dtype), self, alpha=alpha)
 
 
-@lowers("aten::mul", promote=True, opmath_scalar="other")
+@lowers("aten::mul", promote=True, opmath_scalar="other", lift_scalars=True)
 def mul(self, other):
     self, other = with_scalar(self, other)
     if self.dtype == jnp.bool_:
@@ -196,7 +196,8 @@ def _require_nonzero_divisor(a, b) -> None:
         checks.require(jnp.broadcast_to(jnp.asarray(b) != 0, shape), RuntimeError, "ZeroDivisionError")
 
 
-@lowers("aten::div", "aten::true_divide", promote=True, opmath_scalar="other")
+@lowers("aten::true_divide", promote=True, opmath_scalar="other")
+@lowers("aten::div", promote=True, opmath_scalar="other", lift_scalars=True)
 def div(self, other, *, rounding_mode=None):
     self, other = with_scalar(self, other)
     if rounding_mode is not None:
@@ -293,7 +294,7 @@ def pow_tensor_tensor(self, exponent):
     return _pow(self, exponent)
 
 
-@lowers("aten::pow.Tensor_Scalar", promote=True)
+@lowers("aten::pow.Tensor_Scalar", promote=True, checked_scalars=("exponent",))
 def pow_tensor_scalar(self, exponent):
     return _pow_scalar_exponent(self, exponent)
 
@@ -519,12 +520,14 @@ def clamp_values(x, lo, hi):
     return x
 
 
-@lowers("aten::clamp.Tensor", "aten::clip.Tensor", promote=True)
+@lowers("aten::clip.Tensor", promote=True)
+@lowers("aten::clamp.Tensor", promote=True, lift_scalars=True, checked_scalars=("min", "max"))
 def clamp_tensor(self, min=None, max=None):
     return clamp_values(self, min, max)
 
 
-@lowers("aten::clamp.default", "aten::clip.default", promote=True)
+@lowers("aten::clip.default", promote=True)
+@lowers("aten::clamp.default", promote=True, lift_scalars=True, checked_scalars=("min", "max"))
 def clamp(self, min=None, max=None):
     """Scalar bounds (lifted to 0-d arrays), as ATen's clamp_out: one NaN bound of
     two makes every element NaN; a NaN bound alone is ignored before torch 2.13."""
@@ -546,12 +549,12 @@ def _nan_bound_alone_is_ignored() -> bool:
     return not torch.tensor([1.0]).clamp(min=float("nan")).isnan().item()
 
 
-@lowers("aten::clamp_min", promote=True)
+@lowers("aten::clamp_min", promote=True, checked_scalars=("min",))
 def clamp_min(self, min):
     return clamp_values(self, min, None)
 
 
-@lowers("aten::clamp_max", promote=True)
+@lowers("aten::clamp_max", promote=True, checked_scalars=("max",))
 def clamp_max(self, max):
     return clamp_values(self, None, max)
 
@@ -586,8 +589,8 @@ def lerp(self, end, weight):
 
 
 # a Scalar weight is read in float32 for float16 / bfloat16 (`weight.to<opmath_t>()`), a tensor one rounded
-lowers("aten::lerp.Tensor", promote=True)(lerp)
-lowers("aten::lerp.Scalar", promote=True, opmath_scalar="weight")(lerp)
+lowers("aten::lerp.Tensor", promote=True, lift_scalars=True, checked_scalars=("weight",))(lerp)
+lowers("aten::lerp.Scalar", promote=True, opmath_scalar="weight", lift_scalars=True, checked_scalars=("weight",))(lerp)
 
 
 # -- selection and filling ------------------------------------------------------------------
@@ -595,20 +598,21 @@ def _as_bool(mask):
     return mask if mask.dtype == jnp.bool_ else mask != 0
 
 
-@lowers("aten::where.self", "aten::where.ScalarSelf", "aten::where.ScalarOther", "aten::where.Scalar")
+@lowers("aten::where.self", "aten::where.ScalarSelf", "aten::where.ScalarOther", "aten::where.Scalar",
+        lift_scalars=True)
 def where(condition, self, other):
     """The condition is bool and takes no part in the promotion."""
     self, other = common(self, other)
     return jnp.where(_as_bool(condition), self, other)
 
 
-@lowers("aten::masked_fill")
+@lowers("aten::masked_fill", lift_scalars=True, checked_scalars=("value",))
 def masked_fill(self, mask, value):
     """The result keeps self's dtype; value (a number or 0-d array) is cast to it."""
     return jnp.where(_as_bool(mask), as_dtype(value, self.dtype), self)
 
 
-@lowers("aten::fill")
+@lowers("aten::fill", lift_scalars=True, checked_scalars=("value",), fill=True)
 def fill(self, value):
     return jnp.broadcast_to(as_dtype(value, self.dtype), self.shape)
 
@@ -752,8 +756,10 @@ def _with_value(combine):
 
 
 # ATen: self + value * t1 * t2 and self + value * t1 / t2, left to right
-lowers("aten::addcmul", promote=True, opmath_scalar="value")(_with_value(lambda v, a, b: v * a * b))
-lowers("aten::addcdiv", promote=True, opmath_scalar="value")(_with_value(lambda v, a, b: v * a / b))
+lowers("aten::addcmul", promote=True, opmath_scalar="value", lift_scalars=True, checked_scalars=("value",))(
+    _with_value(lambda v, a, b: v * a * b))
+lowers("aten::addcdiv", promote=True, opmath_scalar="value", lift_scalars=True, checked_scalars=("value",))(
+    _with_value(lambda v, a, b: v * a / b))
 
 del _name, _compare
 

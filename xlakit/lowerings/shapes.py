@@ -18,6 +18,7 @@ import numpy as np
 from jax import lax
 
 from .dtypes import _promote, jax_dtype, torch_dtype
+from .policy import NeedsEager
 from .registry import lowers
 
 
@@ -291,10 +292,21 @@ def diagonal_view(self, offset=0, dim1=0, dim2=1):
     return moved[..., rows, cols]
 
 
-@lowers("aten::as_strided", "aten::as_strided_copy")
+def _strided_in_bounds(self, size, stride, storage_offset=None):
+    """A lazy tensor owns just its own elements, in row-major order; XLA clamps
+    (as_strided) or drops (as_strided_scatter) an access past them, where eager
+    torch raises. Such a node runs eagerly, so the user sees torch's error."""
+    if any(s == 0 for s in size):
+        return
+    last = (storage_offset or 0) + sum((s - 1) * st for s, st in zip(size, stride))
+    if last >= math.prod(self.shape):
+        raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
+
+
+@lowers("aten::as_strided", "aten::as_strided_copy", guard=_strided_in_bounds)
 def as_strided(self, size, stride, storage_offset=None):
-    """A gather of the row-major storage (lowering.py's guard sends reads past
-    it to eager torch, which raises)."""
+    """A gather of the row-major storage (its guard sends reads past it to
+    eager torch, which raises)."""
     index = _strided_indices(size, stride, storage_offset)
     if index.size == 0:
         return jnp.zeros(index.shape, self.dtype)
@@ -646,7 +658,8 @@ def diagonal_scatter(self, src, offset=0, dim1=0, dim2=1):
     return jnp.moveaxis(moved, (-2, -1), (dim1, dim2))
 
 
-@lowers("aten::as_strided_scatter")
+@lowers("aten::as_strided_scatter",
+        guard=lambda self, src, *args, **kwargs: _strided_in_bounds(self, *args, **kwargs))
 def as_strided_scatter(self, src, size, stride, storage_offset=None):
     """Where src's elements share a storage place (overlapping windows), the one that
     differs from what is there is written: functionalization scatters a view written

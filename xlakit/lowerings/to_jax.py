@@ -1,30 +1,27 @@
 """Graph -> jax function -> compiled executable.
 
-Each node is replayed on tracers inside jax.jit through xlakit's lowering
-table (xlakit/lowerings: one JAX function per aten op). Ops without an entry
-are replaced at record time by PyTorch's decompositions, or by the op
-table's own (ops.py says which; this module implements them), and
-otherwise run eagerly on CPU.
+Each node is replayed on tracers inside jax.jit through its registered
+lowering (registry.py: one JAX function per aten op; the families register
+theirs). Which ops become nodes at all, the registry's policies decide at
+record time.
 """
 from __future__ import annotations
 
 import functools
-import math
 import re
 import warnings
 
 import jax
 import jax.numpy as jnp
 import torch
-import torch._decomp
 
 from .. import lowerings
 from ..core import checks, sharding, sources
 from ..core.ir import Aval, Graph, Node, Slot, fill
 from ..core.state import PROCESS
-from . import policy as ops
+from . import registry
 from .dtypes import jax_dtype
-from .policy import Handling, NeedsEager
+from .policy import NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
 LOWERING_VERSION = "6"
@@ -34,120 +31,11 @@ def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(aval.shape, jax_dtype(aval.dtype))
 
 
-def _batch_norm_stats_as_on_cpu(op):
-    """PyTorch's batch norm decomposition returns, in eval mode on a non-CPU
-    device, the running statistics as save_mean / save_invstd (as CUDA does);
-    eager CPU, xlakit's reference, returns empty tensors (found by xlakit.opinfo).
-    Eval-mode backward reads the running statistics, never these."""
-    decomposition = torch._decomp.decomposition_table[op]
-    names = [a.name for a in op._schema.arguments]
-    if "training" not in names:
-        return decomposition
-    position = names.index("training")
-
-    def run(*args, **kwargs):
-        # (output, save_mean, save_invstd), and the new running statistics in the functional variant
-        outputs = decomposition(*args, **kwargs)
-        training = args[position] if len(args) > position else kwargs["training"]
-        if training:
-            return outputs
-        empty = outputs[0].new_zeros((0,))
-        return (outputs[0], empty, empty, *outputs[3:])
-    return run
-
-
-def _allclose(op):
-    """allclose returns a Python bool and its meta kernel calls .item(): torch's
-    isclose, in ops that lower, then one read of the bool (a sync, as in eager)."""
-    def run(self, other, rtol=1e-05, atol=1e-08, equal_nan=False):
-        if self.dtype != other.dtype:
-            raise RuntimeError(f"allclose: expected both inputs to be of the same dtype, "
-                               f"got {self.dtype} and {other.dtype}")
-        close = self == other
-        if equal_nan and (self.is_floating_point() or self.is_complex()):
-            close = close | (self.isnan() & other.isnan())
-        if rtol != 0 or atol != 0:
-            if self.dtype == torch.bool:
-                self, other = self.to(torch.get_default_dtype()), other.to(torch.get_default_dtype())
-            allowed = (other * rtol).abs() + atol
-            actual = (self - other).abs()
-            close = close | (actual.isfinite() & (actual <= allowed))
-        return bool(torch.ops.aten._local_scalar_dense.default(close.all()))
-    return run
-
-
-def _weight_norm_interface_backward(op):
-    """weight_norm's fused backward has no lowering and no meta kernel (found by
-    Wav2Vec2's positional convolution: every step fell back to CPU). Eager
-    CPU's formula, in aten ops: with s = sum of grad_w * v over all dims but
-    `dim`, grad_g = s / norm and grad_v = (g / norm) * (grad_w - v * s / norm^2)."""
-    def run(grad_w, saved_v, saved_g, saved_norms, dim):
-        dim = dim % saved_v.dim()
-        norms = saved_norms.to(saved_g.dtype)
-        others = [d for d in range(saved_v.dim()) if d != dim]
-        sums = (grad_w * saved_v).sum(others, keepdim=True) if others else grad_w * saved_v
-        grad_g = sums / norms
-        grad_v = (saved_g / norms) * (grad_w - saved_v * (grad_g / norms))
-        return grad_v, grad_g
-    return run
-
-
-# The op table's own decompositions (ops.Handling.OWN_DECOMPOSITION), given the op.
-_OWN_DECOMPOSITIONS = {
-    "aten::native_batch_norm": _batch_norm_stats_as_on_cpu,
-    "aten::_native_batch_norm_legit": _batch_norm_stats_as_on_cpu,
-    "aten::_native_batch_norm_legit_functional": _batch_norm_stats_as_on_cpu,
-    "aten::allclose": _allclose,
-    "aten::_weight_norm_interface_backward": _weight_norm_interface_backward,
-}
-
-
-def decomposition(op):
-    """The function the frontend calls instead of recording `op` (the op
-    table's policy says which), or None. An op the lowering table lacks takes
-    PyTorch's decomposition into Core ATen ops, or its composite kernel, where
-    there is one."""
-    handling = ops.policy(op).handling
-    if handling is Handling.OWN_DECOMPOSITION:
-        return _OWN_DECOMPOSITIONS[op_name(op)](op)
-    if handling is Handling.DECOMPOSED:
-        return torch._decomp.decomposition_table[op]
-    if handling is Handling.LOWERED and lowerings.find(op) is None:
-        if op in _core_aten_decompositions():
-            return _core_aten_decompositions()[op]
-        # A composite op reaches xlakit where torch does not expand it first
-        # (under inference_mode since torch 2.13, e.g. flatten): its own kernel
-        if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
-            return op.decompose
-    return None
-
-
-@functools.cache
-def _core_aten_decompositions():
-    """PyTorch's decompositions that end in Core ATen ops (its full table also
-    holds references that end in prims, which xlakit does not lower). A lazy
-    table: its `get` does not load entries, `[]` does."""
-    return torch._decomp.core_aten_decompositions()
-
-
-def op_name(op) -> str:
-    """'aten::norm' for every overload of norm (OpOverload.name() adds the overload)."""
-    return op._schema.name
-
-
-def has_lowering(op) -> bool:
-    """Whether a node of `op` lowers: the op table's policy (lowered, or
-    recorded by a frontend handler: _to_copy's cast, slice_copy) and the
-    lowering table."""
-    return (ops.policy(op).handling in (Handling.LOWERED, Handling.FRONTEND)
-            and lowerings.find(op) is not None)
-
-
 class NodeLoweringError(RuntimeError):
     """One node could not be lowered; `node` says which and where. Unless
     config.strict_lowering is set, the engine then computes it eagerly on CPU.
     `remember`: the op itself is at fault, so later calls run eagerly at once
-    (the engine, which handles the error, tells the op table: ops.remember_failure);
+    (the engine, which handles the error, tells policy.remember_failure);
     otherwise only these arguments are (an unsupported dtype, an access that XLA
     would clamp where eager torch raises)."""
 
@@ -173,31 +61,6 @@ class NodeFailedError(RuntimeError):
 
 class NodeFailedIndexError(NodeFailedError, IndexError):
     """A node computed eagerly on CPU raised an IndexError."""
-
-
-def _strided_in_bounds(self, size, stride, storage_offset=None):
-    """A lazy tensor owns just its own elements, in row-major order; XLA clamps
-    (as_strided) or drops (as_strided_scatter) an access past them, where eager
-    torch raises. Such a node runs eagerly, so the user sees torch's error."""
-    if any(s == 0 for s in size):
-        return
-    last = (storage_offset or 0) + sum((s - 1) * st for s, st in zip(size, stride))
-    if last >= math.prod(self.shape):
-        raise NeedsEager(f"reads element {last} of a tensor of {math.prod(self.shape)}")
-
-
-# Checks of a node's arguments (jax arrays) before it is lowered (ops.Policy.guard).
-_GUARDS = {
-    "aten::as_strided": _strided_in_bounds,
-    "aten::as_strided_copy": _strided_in_bounds,
-    "aten::as_strided_scatter": lambda self, src, *args, **kwargs: _strided_in_bounds(self, *args, **kwargs),
-}
-
-
-# The op table names what this module implements, no more, no less.
-if (set(_OWN_DECOMPOSITIONS) != ops.named(Handling.OWN_DECOMPOSITION)
-        or set(_GUARDS) != ops.guarded()):
-    raise ImportError("xlakit internal error: lowering.py does not implement what ops.TABLE names")
 
 
 def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
@@ -315,8 +178,9 @@ def _lowered(op, lowering, template, avals, found, *operands):
     own = None if found is None else checks.Trace()
     with checks.collecting(own):
         args, kwargs = fill(template, operands)
-        if ops.policy(op).guard:
-            _GUARDS[op_name(op)](*args, **kwargs)
+        guard = registry.policy(op).guard
+        if guard is not None:
+            guard(*args, **kwargs)
         result = lowering.fn(*args, **kwargs)
     results = result if isinstance(result, (tuple, list)) else (result,)
     arrays = []
