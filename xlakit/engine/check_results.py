@@ -239,7 +239,8 @@ def _updated_after(node, previous: DeviceData, first: int) -> bool:
 
 
 def _reads(node, bad: dict) -> Exception | None:
-    """The error of a poisoned buffer that pending `node` reads, or None."""
+    """The error of a poisoned buffer that pending `node` reads (the first in
+    dependency order), or None."""
     for n in pending_nodes([node]):
         for operand in n.operands:
             data = operand_data(operand)

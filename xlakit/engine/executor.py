@@ -480,6 +480,7 @@ def _split_checks(entry, outputs):
 
 
 def _depends_on(node: Node, target: Node) -> bool:
+    """Whether computing `node` runs `target` (outputs already computed stop the walk)."""
     return any(n is target for n in pending_nodes([node]))
 
 
