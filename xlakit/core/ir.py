@@ -176,58 +176,78 @@ class Graph:
         return [self.nodes[n].avals[i] for n, i in self.roots]
 
 
-def computed_output(node: Node, index: int) -> DeviceData | None:
-    """The device data of a node output an earlier sync computed, or None."""
-    results = node.results
-    return None if results is None else results[index]
+def operand_data(operand) -> DeviceData | None:
+    """The device data a node operand reads: the operand itself, or the output
+    an earlier sync computed; None while its producer is pending."""
+    if operand.__class__ is tuple:
+        results = operand[0].results
+        return None if results is None else results[operand[1]]
+    return operand
 
 
-def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
-    """Walk back from the roots; stop at device data and at computed outputs.
+def pending_nodes(roots, placed: dict[Node, int] | None = None) -> list[Node]:
+    """The graph walk: the pending nodes that the `roots` (nodes) need, each
+    once and after the pending nodes it reads: dependency order, which the key
+    holds. It stops at device data, at outputs an earlier sync computed, and at
+    the nodes already in `placed` (node -> position); each node it finds goes
+    into `placed` at the next position.
 
     Iterative, not recursive: graphs of thousands of nodes must not hit
     Python's recursion limit. This runs at every sync, so it is kept tight.
     """
-    node_pos: dict[Node, int] = {}
-    param_pos: dict[DeviceData, int] = {}
-    nodes: list[Node] = []
-    params: list[DeviceData] = []
-    wiring: list[tuple] = []
-    for root, _ in root_values:
+    if placed is None:
+        placed = {}
+    found = []
+    for root in roots:
         stack = [root]
         while stack:
             node = stack[-1]
-            if node in node_pos:
+            if node.__class__ is tuple:  # marked: what went on the stack above it is placed now
+                node = node[0]
+            elif node in placed:
                 stack.pop()
                 continue
-            waiting = False
-            for operand in node.operands:
-                if operand.__class__ is tuple:
-                    producer = operand[0]
-                    if producer not in node_pos and (producer.results is None
-                                                     or producer.results[operand[1]] is None):
-                        stack.append(producer)
-                        waiting = True
-            if waiting:
-                continue
+            else:
+                depth = len(stack)
+                for operand in node.operands:
+                    if operand.__class__ is tuple:
+                        producer = operand[0]
+                        if producer not in placed and ((results := producer.results) is None  # operand_data, inlined
+                                                       or results[operand[1]] is None):
+                            stack.append(producer)
+                if len(stack) > depth:  # its pending producers first; marked, it needs no second look
+                    stack[depth - 1] = (node,)
+                    continue
             stack.pop()
-            wires = []
-            for operand in node.operands:
-                if operand.__class__ is tuple:
-                    results = operand[0].results  # computed_output, inlined: this is the hot loop
-                    data = None if results is None else results[operand[1]]
-                    if data is None:
-                        wires.append((node_pos[operand[0]], operand[1]))
-                        continue
-                    operand = data
-                pos = param_pos.get(operand)
-                if pos is None:
-                    pos = param_pos[operand] = len(params)
-                    params.append(operand)
-                wires.append(pos)
-            node_pos[node] = len(nodes)
-            nodes.append(node)
-            wiring.append(tuple(wires))
+            placed[node] = len(placed)
+            found.append(node)
+    return found
+
+
+def build_graph(root_values: list[tuple[Node, int]]) -> Graph:
+    """The graph that computes the roots: the pending nodes they need, reading
+    device data and computed outputs as parameters."""
+    node_pos: dict[Node, int] = {}
+    param_pos: dict[DeviceData, int] = {}
+    params: list[DeviceData] = []
+    wiring: list[tuple] = []
+    nodes = pending_nodes([root for root, _ in root_values], node_pos)
+    for node in nodes:
+        wires = []
+        for operand in node.operands:
+            if operand.__class__ is tuple:
+                results = operand[0].results  # operand_data, inlined: this is the hot loop
+                data = None if results is None else results[operand[1]]
+                if data is None:
+                    wires.append((node_pos[operand[0]], operand[1]))
+                    continue
+                operand = data
+            pos = param_pos.get(operand)
+            if pos is None:
+                pos = param_pos[operand] = len(params)
+                params.append(operand)
+            wires.append(pos)
+        wiring.append(tuple(wires))
     roots = [(node_pos[node], index) for node, index in root_values]
     return Graph(nodes=nodes, params=params, roots=roots, wiring=wiring)
 

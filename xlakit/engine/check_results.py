@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core import sources
 from ..core.checks import StepChecks
-from ..core.ir import DeviceData, Graph, computed_output
+from ..core.ir import DeviceData, Graph, operand_data, pending_nodes
 
 # Steps whose checks may stay unread (each holds its graph, ~50 KB).
 UNREAD_LIMIT = 64
@@ -232,24 +232,18 @@ def _updated_after(node, previous: DeviceData, first: int) -> bool:
         if node.seq < first or not node.operands:
             return False
         operand = node.operands[0]
-        data = operand if operand.__class__ is not tuple else computed_output(*operand)
+        data = operand_data(operand)
         if data is not None:
             return data is previous
         node = operand[0]
 
 
 def _reads(node, bad: dict) -> Exception | None:
-    """The error of a poisoned buffer that pending `node` reads, or None."""
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
+    """The error of a poisoned buffer that pending `node` reads (the first in
+    dependency order), or None."""
+    for n in pending_nodes([node]):
         for operand in n.operands:
-            data = operand if operand.__class__ is not tuple else computed_output(*operand)
-            if data is None:
-                stack.append(operand[0])
-            elif id(data) in bad:
+            data = operand_data(operand)
+            if data is not None and id(data) in bad:
                 return bad[id(data)][0]
     return None

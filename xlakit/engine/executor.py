@@ -19,7 +19,7 @@ from ..analysis import executable as analysis
 from ..analysis import misses
 from ..config import config
 from ..core import sharding, sources, transfer
-from ..core.ir import Aval, DeviceData, Graph, Node, computed_output
+from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
 from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, policy, to_jax
@@ -209,7 +209,7 @@ class Engine:
             eager.warn_once(node.op, f"its XLA lowering failed: {error.cause}", node.source)
         pending = {}
         for operand in node.operands:
-            if operand.__class__ is tuple and computed_output(*operand) is None:
+            if operand_data(operand) is None:
                 n, i = operand
                 pending[(id(n), i)] = LiveValue(n.avals[i], n, i, None)
         if pending:
@@ -219,7 +219,7 @@ class Engine:
             self.wait()
         host = []
         for operand in node.operands:
-            data = operand if operand.__class__ is not tuple else computed_output(*operand)
+            data = operand_data(operand)
             host.append(transfer.to_host(data.array, data.aval.dtype))
         outputs = eager.run_node(node, host)
         node.results = [None if out is None else DeviceData(transfer.to_device(out), aval)
@@ -485,16 +485,8 @@ def _split_checks(entry, outputs):
 
 
 def _depends_on(node: Node, target: Node) -> bool:
-    stack, seen = [node], set()
-    while stack:
-        n = stack.pop()
-        if n is target:
-            return True
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        stack.extend(o[0] for o in n.operands if not isinstance(o, DeviceData))
-    return False
+    """Whether computing `node` runs `target` (outputs already computed stop the walk)."""
+    return any(n is target for n in pending_nodes([node]))
 
 
 def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:

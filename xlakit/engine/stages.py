@@ -12,7 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
-from ..core.ir import Graph, Node, build_graph, computed_output
+from ..core.ir import Graph, Node, build_graph, operand_data, pending_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,27 +66,18 @@ def read_later(graph: Graph, live) -> list[tuple[Node, int]]:
     from them instead of computing them again: a decode loop that reads one
     flag per token would otherwise recompute every earlier token in each step,
     in an ever larger graph."""
-    inside = {id(n): pos for pos, n in enumerate(graph.nodes)}
-    found, seen, stack = set(), set(), []
+    placed = {n: pos for pos, n in enumerate(graph.nodes)}
+    inside = len(placed)
+    found = set()
     for v in live:
-        if v.node is not None:
-            pos = inside.get(id(v.node))
-            if pos is None:
-                stack.append(v.node)
-            else:
-                found.add((pos, v.index))
-    while stack:
-        node = stack.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
+        if v.node is not None and v.node in placed:
+            found.add((placed[v.node], v.index))
+    for node in pending_nodes([v.node for v in live if v.node is not None], placed):
         for operand in node.operands:
-            if operand.__class__ is tuple and computed_output(*operand) is None:
-                pos = inside.get(id(operand[0]))
-                if pos is None:
-                    stack.append(operand[0])
-                else:
-                    found.add((pos, operand[1]))
+            # pending operands only; every pending producer is placed by now, a computed one never
+            if operand.__class__ is tuple and placed.get(operand[0], inside) < inside \
+                    and operand_data(operand) is None:
+                found.add((placed[operand[0]], operand[1]))
     found.difference_update(graph.roots)
     return [(graph.nodes[pos], index) for pos, index in sorted(found)]
 
