@@ -9,7 +9,7 @@ from conftest import assert_same
 
 import xlakit
 from xlakit.engine.executor import StepFailedError
-from xlakit.lowerings import policy
+from xlakit.lowerings import verdicts
 
 
 def test_shape_error_names_op_and_line_and_engine_keeps_working(dev):
@@ -31,9 +31,9 @@ def test_mixing_lazy_and_cpu_tensors_is_an_error(dev):
 def broken_sinh(monkeypatch):
     """sinh's lowering raises (fault injection into xlakit's lowering table)."""
     from xlakit import lowerings
-    from xlakit.lowerings import eager, policy
+    from xlakit.lowerings import eager, verdicts
     monkeypatch.setattr(eager, "WARNED", set())  # each op warns once per process
-    monkeypatch.setattr(policy, "FAILED", set())  # the op is remembered as failed in this test only
+    monkeypatch.setattr(verdicts, "FAILED", set())  # the op is remembered as failed in this test only
 
     def broken(*args, **kwargs):
         raise ValueError("injected lowering fault")
@@ -466,7 +466,7 @@ def test_bad_indices_across_shapes_raise_as_eager_does(dev, name):
             assert isinstance(got, type(want)), case
             assert 0 in shape[dim:dim + 1] or str(want).splitlines()[0] in str(got), case
     # a lowering that failed would run its op eagerly for the rest of the process: none did
-    assert not any(id(op) in policy.FAILED for op in (aten.index.Tensor, aten.index_select.default,
+    assert not any(id(op) in verdicts.FAILED for op in (aten.index.Tensor, aten.index_select.default,
                                                    aten.index_put.default)), fallbacks
 
 

@@ -95,7 +95,7 @@ def test_every_relative_link_points_at_a_file_that_exists():
 
 
 def test_every_path_the_docs_name_exists():
-    """`core/ir.py`, `xlakit/lowerings/policy.py`, `tests/test_stages.py`, ...: files move."""
+    """`core/ir.py`, `xlakit/lowerings/verdicts.py`, `tests/test_stages.py`, ...: files move."""
     units = "|".join(FOLDERS)
     missing = []
     for path, text in _markdown():

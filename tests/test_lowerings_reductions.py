@@ -15,7 +15,7 @@ import torch
 
 import xlakit
 from xlakit import config
-from xlakit.lowerings import policy
+from xlakit.lowerings import verdicts
 
 nan, inf = float("nan"), float("inf")
 aten = torch.ops.aten
@@ -336,11 +336,11 @@ def test_eager_raises(fn, inputs):
     error, and the op stays lowered for the calls it takes."""
     with pytest.raises((RuntimeError, IndexError)) as eager:
         fn(*inputs)
-    failed = set(policy.FAILED)
+    failed = set(verdicts.FAILED)
     with pytest.raises(RuntimeError) as lazy:
         _on_device(fn, inputs, strict=False)
     assert str(eager.value).splitlines()[0] in str(lazy.value)
-    assert policy.FAILED == failed  # NeedsEager: this call only
+    assert verdicts.FAILED == failed  # NeedsEager: this call only
 
 
 @pytest.mark.parametrize("op", [lambda x: x.amax(), lambda x: x.argmax(0), lambda x: torch.aminmax(x)])

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from conftest import assert_same
 
 import xlakit
-from xlakit.lowerings import eager, policy
+from xlakit.lowerings import eager, verdicts
 
 aten = torch.ops.aten
 
@@ -116,7 +116,7 @@ ONCE_CRASHING = {f.__name__.lstrip("_"): f for f in (_lu, _solve, _lu_unpack, _s
 @pytest.mark.parametrize("name", sorted(ONCE_CRASHING))
 def test_ops_whose_old_lowering_crashed_equal_eager(dev, monkeypatch, name):
     # the first call in a process, as users meet it
-    monkeypatch.setattr(policy, "FAILED", set())
+    monkeypatch.setattr(verdicts, "FAILED", set())
     monkeypatch.setattr(eager, "WARNED", set())
     torch.manual_seed(0)
     x = torch.randn(4, 4)

@@ -22,7 +22,7 @@ from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
 from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, Trigger
 from ..core.state import PROCESS
-from ..lowerings import eager, policy, to_jax
+from ..lowerings import eager, to_jax, verdicts
 from . import cache as cache_mod
 from . import check_results, keys, stages
 
@@ -178,7 +178,7 @@ class Engine:
                 break
             except to_jax.NodeLoweringError as error:
                 if error.remember:  # the op is at fault: later calls run eagerly at record time
-                    policy.remember_failure(error.node.op)
+                    verdicts.remember_failure(error.node.op)
                 if not config.strict_lowering:
                     try:
                         self._compute_eagerly(error, live)

@@ -26,10 +26,9 @@ from ..core.ir import Aval, DeviceData, Node, Slot, fill
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from ..engine.executor import current
-from ..lowerings import eager, registry
-from ..lowerings import policy as ops
-from ..lowerings.policy import NeedsEager
+from ..lowerings import eager, registry, verdicts
 from ..lowerings.registry import Handling, handles
+from ..lowerings.verdicts import NeedsEager
 from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
 _META = torch.device("meta")
@@ -439,7 +438,7 @@ def _record(func, args, kwargs):
         _check_scalars(func, info, args, kwargs, avals[0])
     if not info.lowerable:
         return run_eagerly(func, args, kwargs, reason=info.eager_reason)
-    if id(func) in ops.FAILED:
+    if id(func) in verdicts.FAILED:
         return run_eagerly(func, args, kwargs, reason="its XLA lowering failed")
     source = sources.capture()
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)

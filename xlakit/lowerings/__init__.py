@@ -24,14 +24,25 @@ The one table, its registration decorators and lookups live in registry.py
 (an op's lowering, policy, guard, decomposition: one registration, where its
 code is); dtypes in dtypes.py; the families in the submodules imported below,
 each registering its ops, xlakit's own decompositions in decompositions.py.
-policy.py holds the run-time verdicts (NeedsEager, FAILED); to_jax.py lowers
+verdicts.py holds the run-time verdicts (NeedsEager, FAILED); to_jax.py lowers
 a whole graph through the table, eager.py computes a node in eager torch instead.
 
 Imports: core.
 """
 from __future__ import annotations
 
-from . import (activations, bessel, decompositions, factories, indexing, linalg, nn, pointwise,  # noqa: F401 (they register)
-               reductions, shapes, special)
+from . import (  # noqa: F401 (they register)
+               activations,
+               bessel,
+               decompositions,
+               factories,
+               indexing,
+               linalg,
+               nn,
+               pointwise,
+               reductions,
+               shapes,
+               special,
+)
 from .dtypes import XLA_DTYPES, computation_dtype, jax_dtype, torch_dtype  # noqa: F401
 from .registry import TABLE, Entry, Lowering, find, lowers  # noqa: F401

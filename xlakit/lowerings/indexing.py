@@ -25,8 +25,8 @@ from jax import lax
 
 from ..core import checks
 from .dtypes import category, computation_dtype, jax_dtype
-from .policy import NeedsEager
 from .registry import Handling, handled_as, lowers
+from .verdicts import NeedsEager
 
 # -- helpers ----------------------------------------------------------------------
 _OUT_OF_BOUNDS = "index {index} is out of bounds for dimension %d with size %d"

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .policy import NeedsEager
 from .registry import Handling, handled_as, lowers
+from .verdicts import NeedsEager
 
 handled_as(Handling.EAGER, "aten::_linalg_check_errors",
            reason="reads LAPACK's info and raises torch's own error (linalg.inv, cholesky, solve): a read of the "

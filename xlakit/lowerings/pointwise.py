@@ -37,8 +37,8 @@ from jax import lax
 
 from ..core import checks
 from .dtypes import category, computation_dtype, jax_dtype
-from .policy import NeedsEager
 from .registry import lowers
+from .verdicts import NeedsEager
 
 NUMBER = (bool, int, float, complex)
 

@@ -31,8 +31,8 @@ import torch
 from jax import lax
 
 from .dtypes import jax_dtype
-from .policy import NeedsEager
 from .registry import lowers
+from .verdicts import NeedsEager
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 

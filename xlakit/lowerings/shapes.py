@@ -18,8 +18,8 @@ import numpy as np
 from jax import lax
 
 from .dtypes import _promote, jax_dtype, torch_dtype
-from .policy import NeedsEager
 from .registry import lowers
+from .verdicts import NeedsEager
 
 
 # -- helpers ------------------------------------------------------------------------

@@ -12,8 +12,8 @@ import jax.scipy.special as jss
 from jax import lax
 
 from .pointwise import as_dtype, common, opmath, register_unary
-from .policy import NeedsEager
 from .registry import lowers
+from .verdicts import NeedsEager
 
 
 def _erfcx(x):

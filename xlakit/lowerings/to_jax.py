@@ -21,7 +21,7 @@ from ..core.ir import Aval, Graph, Node, Slot, fill
 from ..core.state import PROCESS
 from . import registry
 from .dtypes import jax_dtype
-from .policy import NeedsEager
+from .verdicts import NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
 LOWERING_VERSION = "6"
@@ -35,7 +35,7 @@ class NodeLoweringError(RuntimeError):
     """One node could not be lowered; `node` says which and where. Unless
     config.strict_lowering is set, the engine then computes it eagerly on CPU.
     `remember`: the op itself is at fault, so later calls run eagerly at once
-    (the engine, which handles the error, tells policy.remember_failure);
+    (the engine, which handles the error, tells verdicts.remember_failure);
     otherwise only these arguments are (an unsupported dtype, an access that XLA
     would clamp where eager torch raises)."""
 

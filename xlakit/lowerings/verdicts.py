@@ -8,7 +8,7 @@ from ..core.state import PROCESS
 # -- state: lowerings that failed in this process ------------------------------------
 # ids of ops whose lowering failed; the engine, which handles the failure, adds
 # them, and the frontend then runs later calls eagerly at once.
-FAILED: set[int] = PROCESS.seen("lowerings.policy: failed lowerings", 1 << 12,
+FAILED: set[int] = PROCESS.seen("lowerings.verdicts: failed lowerings", 1 << 12,
                                 "ops whose lowering failed here run eagerly at record time, not again at the sync")
 
 
