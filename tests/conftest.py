@@ -38,14 +38,14 @@ def shell():
 
 @pytest.fixture(scope="session")
 def new_python():
-    """new_python(*argv, env=None, timeout=None) runs `python *argv` (`-c PROGRAM` or a script and
-    its arguments) in a new process, as subprocess.run(..., capture_output=True, text=True) does.
+    """new_python(*argv, env=None, timeout=None, check=False) runs `python *argv` (`-c PROGRAM` or a
+    script and its arguments) in a new process, as subprocess.run(..., capture_output=True, text=True) does.
     The process is forked from tests/zygote.py, which imported torch and jax once: each program
     starts without their import, and with nothing another program left."""
     server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py"))], text=True,
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
-    def run(*argv: str, env=None, timeout=None) -> subprocess.CompletedProcess:
+    def run(*argv: str, env=None, timeout=None, check=False) -> subprocess.CompletedProcess:
         with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as readers:
             # pipes, as subprocess gives: a file would fall under the program's own limits (RLIMIT_FSIZE)
             pipes = [Path(tmp, name) for name in ("stdout", "stderr")]
@@ -58,7 +58,10 @@ def new_python():
             out, err = readers.map(Path.read_text, pipes)
             status = server.stdout.readline()
         assert status, f"tests/zygote.py ended: {server.stderr.read()[-3000:]}"
-        return subprocess.CompletedProcess([sys.executable, *argv], int(status), out, err)
+        done = subprocess.CompletedProcess([sys.executable, *argv], int(status), out, err)
+        if check:
+            done.check_returncode()
+        return done
 
     yield run
     server.stdin.close()

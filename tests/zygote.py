@@ -3,8 +3,8 @@
 as `python -c PROGRAM` or `python SCRIPT ARGS...` would, with its own environment, working
 directory, and stdout and stderr (named pipes the test reads). Each child is a new process that skips the imports: xlakit is never
 imported here, no JAX backend or cache has started, and nothing a child does comes back.
-What Python reads when it starts (PYTHONPATH, PYTHONHASHSEED, -X options) is this server's:
-a test that varies those starts `python` itself.
+A child's sys.path follows its PYTHONPATH; what else Python reads when it starts (PYTHONHASHSEED,
+-X options) is this server's: a test that varies those starts `python` itself.
 
 Requests are JSON lines on stdin; each answer is a line with the child's exit status
 (negative: the signal that ended it, as subprocess says).
@@ -20,10 +20,15 @@ import jax  # noqa: F401  (imported only: a child starts its own backends)
 import torch  # noqa: F401
 
 
+def python_path(env) -> list[str]:
+    return [os.path.abspath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 def run(request: dict) -> None:
     os.dup2(os.open(request["stdout"], os.O_WRONLY), 1)  # first: the test waits on these pipes
     os.dup2(os.open(request["stderr"], os.O_WRONLY), 2)
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.path[1:] = python_path(request["env"]) + [p for p in sys.path[1:] if p not in python_path(os.environ)]
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
