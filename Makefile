@@ -4,7 +4,7 @@
 PY ?= python3
 TESTS := pytest -q tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
 
-.PHONY: venv test test-latest test-colab browser graphviz js lab bench fuzz clean
+.PHONY: venv test test-latest test-colab browser graphviz screenshots js lab bench fuzz clean
 
 venv: .venv/.installed
 
@@ -46,6 +46,11 @@ browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  (apt-get update -q && apt-get install -y -q chromium) >/dev/null; } || \
 	  echo "chromium could not be installed: tests/test_browser.py will skip"
+
+# The README's screenshots: tests/test_browser.py writes docs/quickstart.png and docs/graph_*.png
+# (under `make test` it writes them to a temporary folder and leaves the tree as it was).
+screenshots: venv browser graphviz
+	XLAKIT_SCREENSHOTS=docs .venv/bin/python -m pytest -q tests/test_browser.py
 
 # Graphviz's `dot` lays out the static graph (Debian package; Colab has it). Without it the
 # views fall back to xlakit's own layout, and the tests of the dot layout skip.

@@ -27,39 +27,13 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 import torch  # noqa: E402
 
-import xlakit  # noqa: E402
 from xlakit.notebook import graph_dot, graph_model, graph_widget, views  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from programs import chain_record, llama_record  # noqa: E402  (the graphs tests/test_graph_view.py draws too)
 
 REPEATS = 5
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def llama_record(layers: int = 15):
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    dev = xlakit.device()
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(dev)
-    ids = torch.randint(0, 64, (2, 8)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(2):
-        opt.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        xlakit.mark_step()
-    return xlakit.last_step()
-
-
-def chain_record(ops: int = 5000):
-    x = torch.ones(8).to(xlakit.device())
-    for _ in range(ops // 2):
-        x = x * 1.0001
-        x = x + 0.5
-    xlakit.mark_step()
-    return xlakit.last_step()
 
 
 def display(record) -> dict:

@@ -5,7 +5,7 @@
 // (tests/test_graph_view.py recomputes it, and rebuilds where node is installed).
 import { createHash } from "node:crypto";
 import { readFileSync, readdirSync } from "node:fs";
-import { build } from "esbuild";
+import { build, transform } from "esbuild";
 
 function sourcesDigest() {
   const hash = createHash("sha256");
@@ -18,6 +18,17 @@ function sourcesDigest() {
   return hash.digest("hex");
 }
 
+// The stylesheet goes in as one string, minified as the rest of the bundle (not a copy of src/graph.css).
+const minifiedCss = {
+  name: "minified-css",
+  setup(b) {
+    b.onLoad({ filter: /\.css$/ }, async (args) => ({
+      contents: (await transform(readFileSync(args.path, "utf8"), { loader: "css", minify: true })).code,
+      loader: "text",
+    }));
+  },
+};
+
 await build({
   entryPoints: ["src/graph.js"],
   outfile: process.argv[2] ?? "../xlakit/notebook/static/graph.js",
@@ -25,6 +36,6 @@ await build({
   format: "esm",
   minify: true,
   legalComments: "eof",
-  loader: { ".css": "text" },
+  plugins: [minifiedCss],
   banner: { js: `// xlakit graph widget: built by js/build.mjs from js/src; sources digest ${sourcesDigest()}` },
 });

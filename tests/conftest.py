@@ -1,5 +1,10 @@
+import json
 import os
+import subprocess
+import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 # A private persistent cache per test session, so tests never see another run's executables.
 os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-cache-"))
@@ -29,6 +34,38 @@ def shell():
     ip.run_cell("%load_ext xlakit", store_history=True)
     ip.run_cell("import torch, xlakit\ndev = xlakit.device()", store_history=True)
     return ip
+
+
+@pytest.fixture(scope="session")
+def new_python():
+    """new_python(*argv, env=None, timeout=None, check=False) runs `python *argv` (`-c PROGRAM` or a
+    script and its arguments) in a new process, as subprocess.run(..., capture_output=True, text=True) does.
+    The process is forked from tests/zygote.py, which imported torch and jax once: each program
+    starts without their import, and with nothing another program left."""
+    server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("zygote.py"))], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def run(*argv: str, env=None, timeout=None, check=False) -> subprocess.CompletedProcess:
+        with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(2) as readers:
+            # pipes, as subprocess gives: a file would fall under the program's own limits (RLIMIT_FSIZE)
+            pipes = [Path(tmp, name) for name in ("stdout", "stderr")]
+            for pipe in pipes:
+                os.mkfifo(pipe)
+            server.stdin.write(json.dumps({"argv": argv, "env": dict(os.environ if env is None else env),
+                                           "cwd": os.getcwd(), "stdout": str(pipes[0]), "stderr": str(pipes[1]),
+                                           "timeout": timeout}) + "\n")
+            server.stdin.flush()
+            out, err = readers.map(Path.read_text, pipes)
+            status = server.stdout.readline()
+        assert status, f"tests/zygote.py ended: {server.stderr.read()[-3000:]}"
+        done = subprocess.CompletedProcess([sys.executable, *argv], int(status), out, err)
+        if check:
+            done.check_returncode()
+        return done
+
+    yield run
+    server.stdin.close()
+    server.wait()
 
 
 @pytest.fixture

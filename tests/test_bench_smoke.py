@@ -1,28 +1,23 @@
 """Keep the benchmark harness working: each script once, tiny. No timing is asserted."""
-import subprocess
-import sys
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-def test_training_benchmark_runs_quick():
-    done = subprocess.run([sys.executable, str(BENCH / "training.py"), "--quick"], capture_output=True,
-                          text=True, timeout=600)
+def test_training_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "training.py"), "--quick", timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
 
 
-def test_render_benchmark_runs_quick():
-    done = subprocess.run([sys.executable, str(BENCH / "render.py"), "--quick"], capture_output=True,
-                          text=True, timeout=600)
+def test_render_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "render.py"), "--quick", timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| static SVG (dot) |" in done.stdout and "| open (first draw) |" in done.stdout
 
 
-def test_real_models_benchmark_runs_quick():
-    done = subprocess.run([sys.executable, str(BENCH / "real_models.py"), "--quick"], capture_output=True,
-                          text=True, timeout=900)
+def test_real_models_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "real_models.py"), "--quick", timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
     assert "| second (same cache dir) |" in done.stdout

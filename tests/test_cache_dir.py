@@ -2,8 +2,6 @@
 leaves the directory itself as it was (it may be /tmp, $HOME or a team's shared cache)."""
 import os
 import stat
-import subprocess
-import sys
 
 import torch
 
@@ -17,20 +15,19 @@ print(xlakit.last_step().cache, round(y.item(), 4))
 """
 
 
-def _run(cache_dir) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROGRAM], env={**os.environ, "XLAKIT_CACHE_DIR": str(cache_dir)},
-                          capture_output=True, text=True)
+def _run(new_python, cache_dir) -> list[str]:
+    done = new_python("-c", PROGRAM, env={**os.environ, "XLAKIT_CACHE_DIR": str(cache_dir)})
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.split()
 
 
-def test_a_shared_cache_dir_keeps_its_mode_and_the_cache_works_across_processes(tmp_path):
+def test_a_shared_cache_dir_keeps_its_mode_and_the_cache_works_across_processes(new_python, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, 0o1777)  # as /tmp
     eager = str(round((torch.arange(5.0) * 7).cos().sum().item(), 4))
-    assert _run(shared) == ["miss", eager]
-    assert _run(shared) == ["persistent_hit", eager]
+    assert _run(new_python, shared) == ["miss", eager]
+    assert _run(new_python, shared) == ["persistent_hit", eager]
     assert stat.S_IMODE(shared.stat().st_mode) == 0o1777
     private = cache.private_dir(str(shared))
     assert private.parent == shared and stat.S_IMODE(private.stat().st_mode) == 0o700
@@ -38,10 +35,10 @@ def test_a_shared_cache_dir_keeps_its_mode_and_the_cache_works_across_processes(
     assert [p.name for p in shared.iterdir()] == [private.name]  # nothing of xlakit's outside it
 
 
-def test_a_new_cache_dir_is_created_as_any_directory(tmp_path):
+def test_a_new_cache_dir_is_created_as_any_directory(new_python, tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     new = tmp_path / "new" / "cache"
-    _run(new)
+    _run(new_python, new)
     assert stat.S_IMODE(new.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE(cache.private_dir(str(new)).stat().st_mode) == 0o700

@@ -1,7 +1,5 @@
 """Faults: interrupted compiles, failing executions, bad cache directories."""
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -27,9 +25,8 @@ FULL_DISK = ("import resource, signal, torch, xlakit\ntorch.ones(2, device='meta
              "resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))\n")
 
 
-def _run(cache_dir: str, prefix: str = ""):
-    env = {**os.environ, "XLAKIT_CACHE_DIR": cache_dir}
-    return subprocess.run([sys.executable, "-c", prefix + PROGRAM], env=env, capture_output=True, text=True)
+def _run(new_python, cache_dir: str, prefix: str = ""):
+    return new_python("-c", prefix + PROGRAM, env={**os.environ, "XLAKIT_CACHE_DIR": cache_dir})
 
 
 def _eager_value() -> str:
@@ -71,43 +68,43 @@ def test_a_failing_execution_is_a_clear_error_and_the_engine_goes_on(dev, monkey
     assert (x + 1).cpu().tolist() == [2.0, 2.0, 2.0]
 
 
-def test_unusable_cache_dir_warns_and_compiles_without_it(tmp_path):
+def test_unusable_cache_dir_warns_and_compiles_without_it(new_python, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    done = _run(str(blocker / "cache"))
+    done = _run(new_python, str(blocker / "cache"))
     assert done.returncode == 0, done.stderr
     assert "cannot use" in done.stderr and "compilation cache" in done.stderr
     assert done.stdout.split()[0] == "miss"
 
 
-def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(tmp_path):
+def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(new_python, tmp_path):
     cache = tmp_path / "cache"
-    first = _run(str(cache))
+    first = _run(new_python, str(cache))
     assert first.returncode == 0 and first.stdout.split()[0] == "miss"
     entries = [p for p in Path(cache).rglob("*") if p.is_file()]
     assert entries
     for p in entries:
         p.write_bytes(b"corrupt" * 10)
-    second = _run(str(cache))
+    second = _run(new_python, str(cache))
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == first.stdout.split()  # recompiled, same value
     assert "Error reading persistent compilation cache entry" in second.stderr  # JAX's warning
-    third = _run(str(cache))  # the corrupt entries were replaced by whole ones
+    third = _run(new_python, str(cache))  # the corrupt entries were replaced by whole ones
     assert third.returncode == 0 and third.stdout.split() == ["persistent_hit", _eager_value()], third.stderr
 
 
-def test_full_disk_warns_and_recompiles_and_leaves_no_half_written_entries(tmp_path):
+def test_full_disk_warns_and_recompiles_and_leaves_no_half_written_entries(new_python, tmp_path):
     cache = tmp_path / "cache"
-    full = _run(str(cache), prefix=FULL_DISK)
+    full = _run(new_python, str(cache), prefix=FULL_DISK)
     assert full.returncode == 0, full.stderr
     assert "Error writing persistent compilation cache entry" in full.stderr and "File too large" in full.stderr
     assert full.stdout.split() == ["miss", _eager_value()]
     # JAX writes in place; what it cut short was removed
     assert not list(private_dir(str(cache)).glob("*-cache"))
-    again = _run(str(cache))  # disk space back: no corrupt entry to trip over, the entry is written
+    again = _run(new_python, str(cache))  # disk space back: no corrupt entry to trip over, the entry is written
     assert again.returncode == 0 and "Error" not in again.stderr, again.stderr
     assert again.stdout.split() == ["miss", _eager_value()]
-    assert _run(str(cache)).stdout.split() == ["persistent_hit", _eager_value()]
+    assert _run(new_python, str(cache)).stdout.split() == ["persistent_hit", _eager_value()]
 
 
 def test_device_out_of_memory_is_a_clear_error_and_the_session_goes_on(dev):

@@ -1,8 +1,6 @@
 """torch.compile(backend="xlakit") and xlakit.explain: exact break counts, checked by hand."""
 import copy
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -107,11 +105,11 @@ def test_training_step_through_torch_compile_matches_eager():
     assert len(replays) == 2 and all(r.cache == "hit" and r.donated == () for r in replays)
 
 
-def test_backend_is_found_through_the_entry_point_without_importing_xlakit():
+def test_backend_is_found_through_the_entry_point_without_importing_xlakit(new_python):
     program = ("import torch\nf = torch.compile(lambda x: (x * 3).sin(), backend='xlakit')\n"
                "x = torch.arange(4.0)\nassert torch.allclose(f(x), (x * 3).sin())\n"
                "import sys\nprint('xlakit.integrations.dynamo' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
+    done = new_python("-c", program, check=True)
     assert done.stdout.strip() == "True"
 
 
@@ -129,14 +127,13 @@ def test_compiled_resize_takes_the_indices_it_made_on_the_host_to_the_device():
     torch.testing.assert_close(got, resize(x))
 
 
-def test_explain_imports_torch_xla_without_its_device_notice():
+def test_explain_imports_torch_xla_without_its_device_notice(new_python):
     pytest.importorskip("torch_xla")
     # a fresh process with no PJRT_DEVICE: torch_xla's import picks one and logs it on the root logger
     program = ("import logging, torch, xlakit\n"
                "report = xlakit.explain(lambda x: x.sin(), torch.ones(3))\n"
                "print([p.path for p in report.paths][-1], logging.getLogger().handlers)")
     env = {k: v for k, v in os.environ.items() if k != "PJRT_DEVICE"}
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, env=env,
-                          timeout=600)
+    done = new_python("-c", program, check=True, env=env, timeout=600)
     assert done.stdout.strip() == "torch_xla openxla []"    # it ran, and left logging as it was
     assert "PJRT_DEVICE" not in done.stderr

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 import xlakit  # noqa: E402
 from xlakit.notebook import graph_dot, graph_model, graph_widget, views  # noqa: E402
+from programs import llama_record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (make graphviz)")
@@ -33,23 +34,6 @@ def mlp_steps(dev, steps=2):
             opt.step()
             xlakit.mark_step()
     return records
-
-
-def llama_step(dev, layers=2):
-    transformers = pytest.importorskip("transformers")
-    transformers.logging.set_verbosity_error()
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(dev)
-    ids = torch.randint(0, 64, (2, 8)).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(2):
-        opt.zero_grad()
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        xlakit.mark_step()
-    return xlakit.last_step()
 
 
 def classes(svg: str) -> list[str]:
@@ -73,7 +57,8 @@ def test_a_small_step_shows_every_node_in_clusters_by_module(dev):
 
 @needs_dot
 def test_a_llama_step_opens_grouped_by_module_within_the_budget(dev):
-    record = llama_step(dev)
+    pytest.importorskip("transformers")
+    record = llama_record(layers=2)
     view = graph_model.of_record(record)
     boxes, _ = graph_model.visible(view, view.expanded)
     assert len(record.graph.nodes) > graph_model.BUDGET and len(boxes) <= graph_model.BUDGET

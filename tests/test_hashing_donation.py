@@ -293,12 +293,11 @@ TRAINING_PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(tmp_path):
+def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(new_python, tmp_path):
     """xlakit's own disk entries, keyed by xlakit's key: the second process neither lowers
     nor compiles, and its donating steps compute what eager computes."""
     env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path / "cache")}
-    first, second = (json.loads(subprocess.run([sys.executable, "-c", TRAINING_PROGRAM], env=env, check=True,
-                                               capture_output=True, text=True).stdout) for _ in range(2))
+    first, second = (json.loads(new_python("-c", TRAINING_PROGRAM, env=env, check=True).stdout) for _ in range(2))
     assert first["same_as_eager"] and second["same_as_eager"]
     assert "miss" in [cache for cache, _ in first["records"]]
     assert {cache for cache, _ in second["records"]} <= {"persistent_hit", "hit"}
@@ -317,7 +316,7 @@ def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
         assert torch.equal(got.cpu(), 1.0 / torch.nan_to_num(x, nan=zero))
 
 
-def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(tmp_path):
+def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(new_python, tmp_path):
     """XLA's CPU executables that JAX's cache loaded serialize without their kernels
     ("Function ... not found" when run): only executables compiled in the process are
     kept, so a process after one that hit JAX's cache still runs and agrees with eager."""
@@ -325,7 +324,7 @@ def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(tmp_pat
     env = {**os.environ, "XLAKIT_CACHE_DIR": str(cache)}
 
     def run():
-        done = subprocess.run([sys.executable, "-c", TRAINING_PROGRAM], env=env, capture_output=True, text=True)
+        done = new_python("-c", TRAINING_PROGRAM, env=env)
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout)
 

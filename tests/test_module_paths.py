@@ -2,8 +2,6 @@
 backward and optimizer ops of real transformers models) and the optimized HLO
 instructions it became. Both are metadata: neither may change a key."""
 import os
-import subprocess
-import sys
 import textwrap
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -162,10 +160,9 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def test_node_scopes_keep_the_disk_cache_hitting_across_processes(tmp_path):
+def test_node_scopes_keep_the_disk_cache_hitting_across_processes(new_python, tmp_path):
     env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, check=True)
-            .stdout.split() for _ in range(2)]
+    runs = [new_python("-c", PROGRAM, env=env, check=True).stdout.split() for _ in range(2)]
     assert [r[0] for r in runs] == ["miss", "persistent_hit"]
     # the executable loaded from disk still names each node's instructions
     assert runs[1][1:] == runs[0][1:] and int(runs[1][1]) >= 2

@@ -7,6 +7,8 @@ from IPython.utils.capture import capture_output
 import xlakit
 from xlakit.notebook import graph_svg
 
+from programs import chain_record
+
 
 def run(shell, source):
     """Run one cell; return (plain texts, htmls) of what it displayed, and the result."""
@@ -74,12 +76,7 @@ def test_graph_renders_without_graphviz(monkeypatch, dev):
 
 
 def test_a_5000_node_graph_is_grouped(dev):
-    x = torch.ones(8).to(dev)
-    for i in range(2500):
-        x = x * 1.0001
-        x = x + 0.5
-    xlakit.mark_step()
-    graph = xlakit.last_step().graph
+    graph = chain_record(5000).graph
     assert len(graph.nodes) == 5000
     svg = graph_svg.to_svg(graph)
     assert 'data-grouped="true"' in svg

@@ -2,8 +2,6 @@
 random streams, `.grad` accumulation, torch.save, parameter moves, gradient clipping."""
 import ast
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -85,8 +83,8 @@ def test_native_dropout_called_directly_is_eager_cpus(dev, train):
 
 
 # -- torch.save writes CPU tensors ------------------------------------------------------
-def _load_without_xlakit(path):
-    """torch.load in a fresh interpreter that never imports xlakit: each tensor's
+def _load_without_xlakit(new_python, path):
+    """torch.load in a new process that never imports xlakit: each tensor's
     (device, dtype, values), and which names share one storage."""
     program = textwrap.dedent(f"""
         import sys, torch
@@ -99,7 +97,7 @@ def _load_without_xlakit(path):
                     for name, t in tensors.items()}}))
     """)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env=env)
+    result = new_python("-c", program, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return ast.literal_eval(result.stdout.strip())
 
@@ -110,7 +108,7 @@ def tied_model():
     return model
 
 
-def test_torch_save_of_a_state_dict_loads_without_xlakit_as_eager(dev, tmp_path):
+def test_torch_save_of_a_state_dict_loads_without_xlakit_as_eager(dev, new_python, tmp_path):
     def trained(device):
         torch.manual_seed(0)
         model = tied_model().to(device)
@@ -121,7 +119,7 @@ def test_torch_save_of_a_state_dict_loads_without_xlakit_as_eager(dev, tmp_path)
 
     torch.save(trained("cpu").state_dict(), tmp_path / "eager.pt")
     torch.save(trained(dev).state_dict(), tmp_path / "lazy.pt")
-    want, got = _load_without_xlakit(tmp_path / "eager.pt"), _load_without_xlakit(tmp_path / "lazy.pt")
+    want, got = (_load_without_xlakit(new_python, tmp_path / f"{name}.pt") for name in ("eager", "lazy"))
     assert got.keys() == want.keys()
     for name in want:
         torch.testing.assert_close(torch.tensor(got[name][2]), torch.tensor(want[name][2]), rtol=1e-5, atol=1e-6)
@@ -129,7 +127,7 @@ def test_torch_save_of_a_state_dict_loads_without_xlakit_as_eager(dev, tmp_path)
     assert got["0.weight"][5] == ["0.weight", "2.weight"]
 
 
-def test_torch_save_of_tensors_views_and_pending_work_never_donates(dev, tmp_path):
+def test_torch_save_of_tensors_views_and_pending_work_never_donates(dev, new_python, tmp_path):
     base = torch.arange(6.).reshape(2, 3)
     t = base.to(dev)
     xlakit.mark_step()
@@ -144,7 +142,7 @@ def test_torch_save_of_tensors_views_and_pending_work_never_donates(dev, tmp_pat
     assert steps and all(s.trigger == "save" and s.donated == () for s in steps)
     want = {"tensor": base + 1, "view": (base + 1)[1], "pending": base * 2, "param": torch.ones(2)}
     for name, value in want.items():
-        loaded = _load_without_xlakit(tmp_path / f"{name}.pt")[""]
+        loaded = _load_without_xlakit(new_python, tmp_path / f"{name}.pt")[""]
         assert loaded[:2] == ("cpu", "torch.float32") and loaded[2] == value.tolist(), name
     assert loaded[3:5] == ("Parameter", True)
     assert [u.tolist() for u in torch.load(tmp_path / "list.pt")] == [v.tolist() for v in want.values()]

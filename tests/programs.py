@@ -1,0 +1,34 @@
+"""Programs that tests and bench/render.py both run, each returning its last step's record."""
+import torch
+
+import xlakit
+
+
+def llama_record(layers: int):
+    """Two AdamW steps of a tiny transformers Llama with `layers` layers."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    dev = xlakit.device()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(dev)
+    ids = torch.randint(0, 64, (2, 8)).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        opt.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        xlakit.mark_step()
+    return xlakit.last_step()
+
+
+def chain_record(ops: int):
+    """One step of `ops` pointwise ops in a chain, outside any module."""
+    x = torch.ones(8).to(xlakit.device())
+    for _ in range(ops // 2):
+        x = x * 1.0001
+        x = x + 0.5
+    xlakit.mark_step()
+    return xlakit.last_step()
