@@ -32,3 +32,30 @@ def chain_record(ops: int):
         x = x + 0.5
     xlakit.mark_step()
     return xlakit.last_step()
+
+
+def donating_then_plain(t0, t1):
+    """pytorch/xla #8464's scenario on `t0`, `t1` (both computed): t1 += t0 at a step marker
+    (t1's buffer is donated), then t2 = t1 + t0 (nothing to donate). Returns t2 and the two
+    steps' records."""
+    t1.add_(t0)
+    xlakit.mark_step()
+    donating = xlakit.last_step()
+    t2 = t1 + t0
+    xlakit.mark_step()
+    return t2, donating, xlakit.last_step()
+
+
+def sgd_steps(model, x, steps: int, step_marker):
+    """`steps` SGD steps (lr 0.1) on the mean square of model(x), `step_marker()` after each
+    (xlakit's or torch_xla's); the losses, and what each marker returned."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses, marked = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        marked.append(step_marker())
+        losses.append(loss.item())
+    return losses, marked

@@ -13,6 +13,7 @@ import jax
 import torch
 import torch.nn.functional as F
 
+import programs
 import xlakit
 from xlakit.engine import executor
 from xlakit.front import recorder
@@ -112,13 +113,20 @@ def mlp_on_one_device() -> dict:
     return _summary(records)
 
 
-def mlp_data_parallel() -> dict:
+def _mlp_trained_on_8_devices(placement) -> tuple:
+    """The MLP trained 4 steps with `placement(mesh)` on an 8-device mesh, as eager;
+    the last two steps hit the cache. Returns the lazy model and the records."""
     mesh = xlakit.Mesh((8,), ("data",))
     model, batch = _mlp()
-    eager_losses, lazy_losses, eager, lazy, records = _train(model, batch, _mse, 4, _split_batch(mesh))
+    eager_losses, lazy_losses, eager, lazy, records = _train(model, batch, _mse, 4, placement(mesh))
     _assert_trained_alike(eager_losses, lazy_losses, eager, lazy)
-    last = records[-1]
     assert [r.cache for r in records[2:]] == ["hit", "hit"], [r.cache for r in records]
+    return lazy, records
+
+
+def mlp_data_parallel() -> dict:
+    lazy, records = _mlp_trained_on_8_devices(_split_batch)
+    last = records[-1]
     # the batch is split, the weights and their optimizer state whole on every device
     specs = {str(p.aval): p.sharding for p in last.graph.params}
     assert specs["f32[32,256]"] == "('data', None)" and specs["f32[256,256]"] == "replicated", specs
@@ -141,12 +149,8 @@ def _assert_donors_keep_their_sharding(record):
 
 
 def mlp_weight_sharded() -> dict:
-    mesh = xlakit.Mesh((8,), ("data",))
-    model, batch = _mlp()
-    eager_losses, lazy_losses, eager, lazy, records = _train(model, batch, _mse, 4, _fsdp(mesh))
-    _assert_trained_alike(eager_losses, lazy_losses, eager, lazy)
+    _, records = _mlp_trained_on_8_devices(_fsdp)
     last = records[-1]
-    assert [r.cache for r in records[2:]] == ["hit", "hit"], [r.cache for r in records]
     big = [p for p in last.graph.params if p.aval == "f32[256,256]"]
     assert len(big) == 6 and {p.sharding for p in big} == {"('data', None)"}, big  # 2 weights, 2 moments each
     _assert_donors_keep_their_sharding(last)
@@ -252,12 +256,7 @@ def donation_at_step_markers_only(tmp: str) -> None:
     mesh = xlakit.Mesh((8,), ("data",))
     # donor indices in the key (pytorch/xla #8464)
     t0, t1 = _scalar_vectors(dev, mesh)
-    t1.add_(t0)
-    xlakit.mark_step()
-    donating = xlakit.last_step()
-    t2 = t1 + t0
-    xlakit.mark_step()
-    plain = xlakit.last_step()
+    t2, donating, plain = programs.donating_then_plain(t0, t1)
     assert t1.cpu().tolist() == [3] * 8 and t2.cpu().tolist() == [4] * 8
     assert [(d.shape, d.dtype) for d in donating.donated] == [((8,), "int64")] and plain.donated == ()
     assert donating.shardings.inputs[donating.donated[0].index].spec == "('data',)"
@@ -357,16 +356,7 @@ def mlp_for_torch_xla() -> dict:
     tensors = {"0.weight": model[0].weight, "2.weight": model[2].weight, "x": x}
     for name, spec in marks.items():
         xlakit.mark_sharding(tensors[name], mesh, spec)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses, records = [], []
-    for _ in range(3):
-        opt.zero_grad()
-        loss = model(x).square().mean()
-        loss.backward()
-        opt.step()
-        xlakit.mark_step()
-        records.append(xlakit.last_step())
-        losses.append(loss.item())
+    losses, records = programs.sgd_steps(model, x, 3, lambda: (xlakit.mark_step(), xlakit.last_step())[1])
     tensors = {"0.weight": model[0].weight, "0.bias": model[0].bias, "2.weight": model[2].weight, "x": x}
     shards = {}
     for name, t in tensors.items():

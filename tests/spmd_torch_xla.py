@@ -14,6 +14,8 @@ import torch_xla.debug.metrics as met
 import torch_xla.distributed.spmd as xs
 import torch_xla.runtime as xr
 
+import programs
+
 xr.use_spmd()
 dev = torch_xla.device()
 mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
@@ -22,15 +24,7 @@ model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.L
 x = torch.randn(8, 16).to(dev)
 for t, spec in ((model[0].weight, ("model", None)), (model[2].weight, (None, "model")), (x, ("data", None))):
     xs.mark_sharding(t, mesh, spec)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
-losses = []
-for _ in range(3):
-    opt.zero_grad()
-    loss = model(x).square().mean()
-    loss.backward()
-    opt.step()
-    torch_xla.sync()
-    losses.append(loss.item())
+losses, _ = programs.sgd_steps(model, x, 3, torch_xla.sync)
 tensors = {"0.weight": model[0].weight, "0.bias": model[0].bias, "2.weight": model[2].weight, "x": x}
 shards, specs = {}, {}
 for name, t in tensors.items():

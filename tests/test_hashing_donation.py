@@ -7,6 +7,7 @@ import textwrap
 
 import torch
 
+import programs
 import xlakit
 from xlakit.engine import executor
 from xlakit.engine.cache import private_dir
@@ -19,12 +20,7 @@ def test_donor_indices_are_in_the_key(dev):
     t0 = torch.tensor([1], device=dev)
     t1 = torch.tensor([2], device=dev)
     xlakit.mark_step()
-    t1.add_(t0)
-    xlakit.mark_step()
-    donating = xlakit.last_step()
-    t2 = t1 + t0
-    xlakit.mark_step()
-    plain = xlakit.last_step()
+    t2, donating, plain = programs.donating_then_plain(t0, t1)
     assert t1.cpu().tolist() == [3] and t2.cpu().tolist() == [4]
     assert t1.dtype == t2.dtype == torch.int64
     assert [(d.shape, d.dtype) for d in donating.donated] == [((1,), "int64")]

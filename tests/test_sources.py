@@ -1,7 +1,6 @@
 """Each node keeps the user's line and the library line that recorded it; warnings
 and views name them as a person reads them."""
 import os
-import warnings
 
 import pytest
 import torch
