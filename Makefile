@@ -1,4 +1,4 @@
-# One venv per column of the tested-versions matrix (README): .venv is torch 2.9.0 with
+# One venv per column of the tested-versions matrix (docs/versions.md): .venv is torch 2.9.0 with
 # torch_xla 2.9.0 (`make test`, the README's test command); .venv-latest the newest torch
 # and jax that install here; .venv-colab the Colab TPU runtime's versions.
 PY ?= python3

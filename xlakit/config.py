@@ -18,7 +18,7 @@ class Config:
     wait_for_execution: bool = True
     # Compute eager's checks in each step's executable (indices in range, no
     # integer division by zero) and raise eager's error after the step; off,
-    # such input gives XLA's value silently (README: "Bad input").
+    # such input gives XLA's value silently (docs/bad_input.md).
     checks: bool = os.environ.get("XLAKIT_CHECKS", "1") != "0"
     # StepRecords kept in memory (xlakit.steps()); older ones are dropped.
     record_limit: int = int(os.environ.get("XLAKIT_RECORD_LIMIT", "10000"))

@@ -1,7 +1,7 @@
 """What xlakit changes in torch, JAX and Python for the whole process, in one
 place, done once, on first use of the lazy device (`xlakit.device()`), never
 at import: a user's own JAX or torch code in the same process is unaffected by
-`import xlakit`. The README lists each change.
+`import xlakit`. docs/process.md lists each change.
 """
 from __future__ import annotations
 
