@@ -84,7 +84,7 @@ def test_cell_numbers_in_a_real_kernel():
     nbclient, nbformat = pytest.importorskip("nbclient"), pytest.importorskip("nbformat")
     body = "%%xla_step --quiet\ny = (x * 2).sum()"
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("%load_ext xlakit\nimport torch, xlakit\nfrom xlakit import sources\n"
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext xlakit\nimport torch, xlakit\nfrom xlakit.core import sources\n"
                                           "x = torch.ones(3).to(xlakit.device())"),
                 nbformat.v4.new_code_cell(body), nbformat.v4.new_code_cell(body),
                 nbformat.v4.new_code_cell("r = xlakit.last_step()\n"
