@@ -301,6 +301,32 @@ def test_a_new_process_loads_each_step_by_its_key_without_lowering_it(new_python
     assert list((private_dir(str(tmp_path / "cache")) / "xlakit-executables").glob("*.pickle"))
 
 
+LINALG_PROGRAM = textwrap.dedent("""
+    import json, torch, xlakit
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)) + 4 * torch.eye(4)
+    b = torch.ones(4, 2)
+    got = torch.linalg.solve(a.to(xlakit.device()), b.to(xlakit.device()))
+    lu, pivots = torch.linalg.lu_factor(a.to(xlakit.device()))
+    xlakit.mark_step()
+    want_lu, want_pivots = torch.linalg.lu_factor(a)
+    print(json.dumps({"cache": xlakit.last_step().cache.value,
+                      "same_as_eager": torch.allclose(got.cpu(), torch.linalg.solve(a, b), atol=1e-5)
+                      and torch.allclose(lu.cpu(), want_lu, atol=1e-5) and torch.equal(pivots.cpu(), want_pivots)}))
+""")
+
+
+def test_a_new_process_runs_a_linalg_step_loaded_from_disk(new_python, tmp_path):
+    """A step that calls LAPACK (solve, lu_factor), loaded from xlakit's disk cache by a
+    process that never lowered a linalg op: it segfaulted on its first run."""
+    env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path / "cache")}
+    first, second = (new_python("-c", LINALG_PROGRAM, env=env) for _ in range(2))
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert second.returncode == 0, second.stderr[-2000:]
+    first, second = json.loads(first.stdout), json.loads(second.stdout)
+    assert first == {"cache": "miss", "same_as_eager": True}
+    assert second == {"cache": "persistent_hit", "same_as_eager": True}
+
+
 def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
     """0.0 == -0.0 in Python, yet 1 / nan_to_num(x, nan=-0.0) is -inf: the memo of
     op signatures once gave both the first one's key, and the second step hit the

@@ -88,7 +88,14 @@ def load(key: str) -> Entry | None:
     try:
         with open(path, "rb") as f:
             stored = pickle.load(f)
+        from jax._src.lib import lapack
         from jax.experimental.serialize_executable import deserialize_and_load
+
+        # A CPU executable calls LAPACK (lu, solve, eigh, ...) through functions that JAX
+        # binds when it lowers a linalg op; loaded with no lowering, they were unbound and
+        # its first run segfaulted. jax.export binds them the same way before it runs
+        # deserialized code.
+        lapack._lapack.initialize()
         compiled = deserialize_and_load(stored.pop("executable"), stored.pop("in_tree"), stored.pop("out_tree"))
         return Entry(compiled=compiled, **stored)
     except FileNotFoundError:
