@@ -17,7 +17,7 @@ __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", 
 
 def device() -> torch.device:
     """The lazy XLA device: whatever platform JAX runs on (CPU, GPU, TPU). The
-    first call installs what the device needs in torch and JAX (xlakit/install.py)."""
+    first call installs what the device needs in torch and JAX (front/install.py)."""
     install.install()
     return DEVICE
 

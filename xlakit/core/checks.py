@@ -4,7 +4,7 @@ XLA clamps, wraps or drops an out-of-range gather/scatter index, and an
 integer division by zero gives a value, where eager torch raises. A lowering
 states the condition eager checks (`require`); the step's executable returns
 every check's flag, and its first offending value, as one small extra output
-(lowering.py), which the engine reads once per step, when it waits for the
+(lowerings/to_jax.py), which the engine reads once per step, when it waits for the
 step's results, and turns into eager's exception. No host sync per op.
 
 Which checks a graph has is a function of its structure, and whether checks
@@ -110,7 +110,7 @@ def on() -> bool:
 
 
 def adopt(checks: list[Check] | None, flags) -> None:
-    """File checks a node's lowering found apart (traced on its own, lowering.py),
+    """File checks a node's lowering found apart (traced on its own, lowerings/to_jax.py),
     with their flags on this trace's tracers, under the node being lowered."""
     for check, (ok, bad) in zip(checks or (), flags):
         _CURRENT.trace.found.append((dataclasses.replace(check, node=_CURRENT.node), ok, bad))

@@ -60,7 +60,7 @@ class Frame:
 class Source:
     """Where an op was recorded: the user's line and, when that line called
     into a library (transformers, ...), the library's innermost line; and the
-    module path that ran it (scopes.py). Metadata: shown, never hashed into the key."""
+    module path that ran it (module_paths.py). Metadata: shown, never hashed into the key."""
 
     user: Frame | None
     library: Frame | None = None

@@ -109,7 +109,7 @@ class Mesh:
 # -- a sharding constraint in the graph -------------------------------------------
 class _MarkSharding:
     """The op of a node that only says where its input lives (mark_sharding on a
-    pending value); not an aten op: lowering.py lowers it with `constrain`."""
+    pending value); not an aten op: lowerings/to_jax.py lowers it with `constrain`."""
 
     def __str__(self) -> str:
         return "xlakit.mark_sharding"

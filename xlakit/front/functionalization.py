@@ -1,4 +1,4 @@
-"""xlakit's kernels in torch's dispatcher, installed once by runtime.install
+"""xlakit's kernels in torch's dispatcher, installed once by install.install
 (`register_kernels`): the Lazy key's fallback, which makes factories with
 device=lazy and copies from the host, Functionalize kernels of xlakit's
 own (they serve every device), and one_hot's kernel for the lazy device.
@@ -375,7 +375,7 @@ _LIBRARIES: list = []  # torch unregisters a library's kernels when the Library 
 
 
 def register_kernels() -> None:
-    """The lazy device's kernels in torch's dispatcher (runtime.install calls this once):
+    """The lazy device's kernels in torch's dispatcher (install.install calls this once):
     the Lazy key's fallback (factories, copies from the host) and xlakit's
     Functionalize kernels (which serve every device)."""
     lazy = torch.library.Library("_", "IMPL")

@@ -3,7 +3,7 @@ and moving values between the host and the device.
 
 A user-visible tensor is a functional wrapper (`torch._to_functional_tensor`)
 around a `LazyTensor`, whose value the engine keeps (a `LiveValue`). Every
-aten op on a LazyTensor goes to the frontend's dispatcher (frontend.py),
+aten op on a LazyTensor goes to the frontend's dispatcher (front/recorder.py),
 which records it as IR; the frontend installs it with `set_dispatcher`.
 """
 from __future__ import annotations
@@ -111,7 +111,7 @@ def lazy_values(obj) -> list[LiveValue]:
 # at each step marker each one's current value is stamped with the tensor's
 # id and the buffer the tensor held before it, so that a step that fails a
 # check can give a tensor it updated in place its old buffer back
-# (verification.py). A tensor that an op made is not tracked: a failed step
+# (engine/check_results.py). A tensor that an op made is not tracked: a failed step
 # poisons it.
 _OWNED = WeakTensorKeyDictionary()
 _owner_ids = itertools.count(1)
