@@ -141,3 +141,26 @@ def test_compiled_cpu_inplace_ops_still_match_eager():
 
     p, g = torch.randn(5), torch.randn(5)
     torch.testing.assert_close(torch.compile(fn, backend="aot_eager")(p, g), fn(p, g))
+
+
+def test_writes_to_a_host_tensor_after_it_moved_leave_the_device_copy_alone(dev):
+    """JAX's CPU client may alias host memory on upload: .to(), copy_() and load_state_dict()
+    copy, so a later in-place write on the host (an eager optimizer step) is not seen."""
+    a = torch.ones(3)
+    moved = a.to(dev)
+    a.add_(1)
+    host_model, device_model = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(dev)
+    device_model.load_state_dict(host_model.state_dict())
+    before = host_model.weight.detach().clone()
+    with torch.no_grad():
+        host_model.weight.add_(100)
+    source, target = torch.zeros(2, 2), torch.zeros(2, 2, device=dev)
+    target.copy_(source)
+    source.add_(5)
+    half = torch.ones(2, dtype=torch.bfloat16)
+    moved_half = half.to(dev)
+    half.mul_(3)
+    torch.testing.assert_close(moved.cpu(), torch.ones(3))
+    torch.testing.assert_close(device_model.weight.cpu(), before)
+    torch.testing.assert_close(target.cpu(), torch.zeros(2, 2))
+    torch.testing.assert_close(moved_half.cpu(), torch.ones(2, dtype=torch.bfloat16))

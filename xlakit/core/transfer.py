@@ -6,13 +6,20 @@ import ml_dtypes
 import numpy as np
 import torch
 
+from .ir import Aval, DeviceData
+from .state import PROCESS
+
 # numpy has no bfloat16: move its bits as uint16 and reinterpret.
 _BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16)}
 
 
 def to_device(t: torch.Tensor) -> jax.Array:
     require_dense(t)
-    t = t.detach().contiguous()
+    # A copy, always: JAX's CPU client may alias a host array's memory instead of copying it,
+    # and torch tensors are mutable, so an in-place write to `t` after .to(device), copy_()
+    # or load_state_dict() changed the device value (an optimizer step on the CPU model
+    # moved the device model's weights).
+    t = t.detach().clone(memory_format=torch.contiguous_format)
     if t.dtype in _BITS:
         bits, np_dtype = _BITS[t.dtype]
         return jax.device_put(t.view(bits).numpy().view(np_dtype))
@@ -53,3 +60,19 @@ def place(array: jax.Array, sharding) -> jax.Array:
         return jax.device_put(array, sharding)
     host = np.asarray(array)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+_SCALARS: dict[tuple, DeviceData] = PROCESS.memo(
+    "core.transfer: lifted scalars", 4096, "one device buffer per (value, dtype), shared by the nodes that lift it")
+
+
+def lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
+    """A Python scalar as a read-only 0-d input of the graph: its value is data, not
+    part of the key, so a learning rate or a bias correction that changes every step
+    runs the same executable."""
+    key = (repr(value), dtype)
+    data = _SCALARS.get(key)
+    if data is None:
+        data = _SCALARS[key] = DeviceData(to_device(torch.tensor(value, dtype=dtype)), Aval((), dtype),
+                                          label="scalar", read_only=True)
+    return data
