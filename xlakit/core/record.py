@@ -108,6 +108,17 @@ class Timings:
 
 
 @dataclasses.dataclass(frozen=True)
+class Replay:
+    """How the ops of an execution were recorded (engine/tape.py): `replayed` matched the
+    run that followed the same sync before and reused its recording; `recorded` were
+    recorded in full; `why`: where the run stopped matching ("" if it never did)."""
+
+    replayed: int
+    recorded: int
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
 class MemoryInfo:
     """Bytes one device holds while the executable runs, from XLA's memory analysis
     of the compiled executable (known before it runs). `aliased` are outputs written
@@ -227,6 +238,7 @@ class StepRecord:
     cost: CostInfo | None = None      # per device, XLA's estimates
     shardings: ShardingInfo | None = None  # None: the step ran on one device
     collectives: tuple[Collective, ...] = ()  # in the optimized HLO
+    replay: Replay | None = None      # how its ops were recorded; None: not by xlakit's recorder
 
     @property
     def donated_bytes(self) -> int | None:

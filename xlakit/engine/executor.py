@@ -24,7 +24,7 @@ from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, 
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
 from . import cache as cache_mod
-from . import check_results, keys, stages
+from . import check_results, keys, stages, tape
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -108,6 +108,8 @@ class Engine:
         self.in_flight: list = []
         # steps whose in-graph checks are not read yet, and the values waiting on them
         self.ledger = check_results.Ledger()
+        # the ops recorded since the last sync, matched against the run that followed it before
+        self.tape = tape.Tape()
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
@@ -167,14 +169,20 @@ class Engine:
             targets = [t for t in targets if t.node is not None]
             if not targets:
                 return None
-            with _collector_paused():
-                return self._compute(targets, live, full=full, trigger=trigger, source=source)
+            run = self.tape.close((trigger, source))
+            try:
+                with _collector_paused():
+                    return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)
+            finally:
+                run.release()
 
-    def _compute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None):
+    def _compute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None,
+                 run: tape.Run | None = None):
+        """`run`: the ops recorded since the last sync (its first execution may reuse their cut and key)."""
         failure, executed = None, None
         while targets:
             try:
-                executed = self._execute(targets, live, full=full, trigger=trigger, source=source)
+                executed = self._execute(targets, live, full=full, trigger=trigger, source=source, run=run)
                 break
             except to_jax.NodeLoweringError as error:
                 if error.remember:  # the op is at fault: later calls run eagerly at record time
@@ -185,6 +193,7 @@ class Engine:
                         for t in targets:  # the node has its results now: the rest again
                             t.resolve()
                         targets = [t for t in targets if t.node is not None]
+                        run = None
                         continue
                     except Exception as eager_error:  # noqa: BLE001 - the node's dependents keep it
                         error = to_jax.NodeFailedError.of(error.node, eager_error)
@@ -237,14 +246,21 @@ class Engine:
                 healthy.append(t)
         return healthy
 
-    def _execute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None):
+    def _execute(self, targets, live, *, full: bool, trigger: Trigger, source: str | None, run: tape.Run | None):
         """Compute `targets` in one executable: cut -> plan -> key -> executable
-        -> run -> StepRecord. Returns (cache entry, graph)."""
-        planned = stages.plan(stages.cut(targets, live, full=full), live, full=full, donate=config.donate)
+        -> run -> StepRecord. Returns (cache entry, graph). A marker whose ops all
+        replayed the run it matched reuses that run's cut and key (engine/tape.py)."""
+        cut = run.cut(targets) if run is not None and full else None
+        replayed = cut is not None
+        cut = cut or stages.cut(targets, live, full=full)
+        planned = stages.plan(cut, live, full=full, donate=config.donate)
         graph, donors = planned.graph, planned.donors
         placement = sharding.plan(graph, donors)
         flags = keys.compile_flags(to_jax.matmul_precision(), to_jax.LOWERING_VERSION, config.checks)
-        key = keys.compute_key(graph, donors, flags, placement)
+        key = run.key(graph, donors, flags) if replayed and placement is None else None
+        key = key or keys.compute_key(graph, donors, flags, placement)
+        if run is not None and full and placement is None:
+            run.remember(cut, planned, flags, key)
         entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags, placement)
         inherited = self.ledger.inherited(graph)
 
@@ -267,7 +283,7 @@ class Engine:
 
         self._append_record(entry, key, graph_info, trigger=trigger,
                             cache=outcome, donated=tuple(donated), changed=changed, why=why,
-                            note=planned.note, source=source,
+                            note=planned.note, source=source, replay=run.replay() if run is not None else None,
                             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
@@ -314,7 +330,7 @@ class Engine:
 
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
                        donated: tuple, timings: Timings, note: str, source: str | None,
-                       changed: tuple = (), why: tuple = ()) -> None:
+                       changed: tuple = (), why: tuple = (), replay=None) -> None:
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
@@ -325,7 +341,7 @@ class Engine:
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
             memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
-            cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
+            replay=replay, cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
         self.trace_seconds = 0.0
@@ -536,6 +552,9 @@ def current() -> Engine:
                      size=lambda: len(engine.log.records))
         PROCESS.keep("engine: counters", engine.counters, bound=len(_COUNTERS), why="xlakit.metrics()",
                      clear=engine.zero_counters, size=lambda: sum(engine.counters.values()))
+        PROCESS.keep("engine: replay tape", engine.tape, bound=f"{tape.RUNS} runs of {tape.LIMIT} ops",
+                     why="a run of ops that matches the one before it reuses its recording, cut and key",
+                     clear=engine.tape.clear, size=engine.tape.size)
         PROCESS.keep("engine: unread checks", engine.ledger, bound=f"{check_results.UNREAD_LIMIT} steps",
                      why="a step's in-graph checks are read at the next read, so tracing overlaps execution",
                      clear=engine.wait, size=lambda: len(engine.ledger.steps))

@@ -56,7 +56,11 @@ def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str],
         "shardings": digest(b"one device" if placement is None else placement.key_bytes(graph)),
     }
     key = digest(*(f"{name}={value}".encode() for name, value in components.items()))
-    return Key(components=components, metadata_digest=digest(metadata_bytes(graph)), key=key)
+    return Key(components=components, metadata_digest=metadata_digest(graph), key=key)
+
+
+def metadata_digest(graph: Graph) -> str:
+    return digest(metadata_bytes(graph))
 
 
 def compile_flags(matmul_precision: str, lowering_version: str, checks: bool) -> dict[str, str]:

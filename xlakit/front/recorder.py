@@ -39,8 +39,6 @@ aten = torch.ops.aten
 
 # -- recording ------------------------------------------------------------------
 _LIFTED = ("lifted-scalar",)
-_SCALAR_CACHE: dict[tuple, DeviceData] = PROCESS.memo(
-    "front.recorder: lifted scalars", 4096, "one device buffer per (value, dtype), shared by the nodes that lift it")
 
 
 _OP_INFO: dict = PROCESS.memo("front.recorder: op info", 1 << 14,
@@ -138,16 +136,6 @@ def op_info(op) -> _OpInfo:
     if info is None:
         info = _OP_INFO[id(op)] = _OpInfo(op)
     return info
-
-
-def _lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
-    key = (repr(value), dtype)
-    data = _SCALAR_CACHE.get(key)
-    if data is None:
-        host = torch.tensor(value, dtype=dtype)
-        data = _SCALAR_CACHE[key] = DeviceData(
-            transfer.to_device(host), Aval((), dtype), label="scalar", read_only=True)
-    return data
 
 
 @functools.cache
@@ -321,11 +309,11 @@ def _operand(value, func, source, tensors: list):
                            torch.get_default_dtype())
         if op_info(func).opmath_scalar:  # float32 for float16 / bfloat16 (lowerings.Lowering.opmath_scalar)
             float_dtype = get_computation_dtype(float_dtype)
-        return _lifted_scalar(value, float_dtype)
+        return transfer.lifted_scalar(value, float_dtype)
     transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
     if value.dim() == 0:  # a CPU scalar (functionalization.py passes x.mul_(0.9)'s 0.9 so): uploaded once
-        return _lifted_scalar(value.item(), value.dtype)
+        return transfer.lifted_scalar(value.item(), value.dtype)
     data = from_host(value)._state.data  # CPU indices (_record lets no other CPU tensor in)
     data.read_only = True
     return data
@@ -420,6 +408,15 @@ def _record(func, args, kwargs):
         # input's shape and layout alone: nothing to sync, no graph split
         like = [_host_like(a) if isinstance(a, LazyTensor) else a for a in args]
         return from_host(func(*like, **to_cpu(kwargs)))
+    tape = current().tape
+    expected = tape.expected(func) if id(func) not in verdicts.FAILED else None
+    if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
+        operands = tape.match(expected, args, kwargs)
+        if operands is not None:
+            node = Node(func, operands, expected.template, expected.avals, sources.capture(), expected.signature)
+            tape.add(node, expected)
+            outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
+            return expected.structure(outputs) if expected.structure is not None else outputs[0]
     template, tensors, signature = _split(func, info, args, kwargs)
     for t in tensors:  # a loop, not a generator: this runs for every recorded op
         if t.__class__ is not LazyTensor and isinstance(t, torch.Tensor) and t.dim() and not info.cpu_indices:
@@ -444,22 +441,29 @@ def _record(func, args, kwargs):
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
     # a view's storage offset is its input's plus what the view adds (the meta input had none)
-    offset = _view_offset(func, tensors[0], template) if info.view is not None else 0
-    if info.view is not None and torch.is_inference_mode_enabled() and not tensors[0].is_inference():
+    if info.view is not None:
+        offset = _view_offset(func, tensors[0], template)
+        layouts = tuple(None if layout is None else (layout[0], layout[1] + offset) for layout in layouts)
+    tape.add(node, None, template=template, tensors=tensors, structure=structure, layouts=layouts,
+            default_dtype=signature[1])
+    outputs = _new_outputs(node, info, args, avals, layouts)
+    return structure(outputs) if structure is not None else outputs[0]
+
+
+def _new_outputs(node, info, args, avals, layouts) -> list:
+    if info.view is not None and torch.is_inference_mode_enabled() and not args[0].is_inference():
         # In inference mode a view of a normal tensor is a normal tensor (eager
         # torch). Functionalization gives the view's wrapper the inner value's
         # inference-ness, then the base's version counter, which torch refuses
         # for an inference tensor ("Cannot set version_counter for inference
         # tensor": every view failed under torch.inference_mode, as in torch_xla).
         with torch._C._InferenceMode(False):
-            outputs = _outputs(node, avals, layouts, offset)
-    else:
-        outputs = _outputs(node, avals, layouts, offset)
-    return structure(outputs) if structure is not None else outputs[0]
+            return _outputs(node, avals, layouts)
+    return _outputs(node, avals, layouts)
 
 
-def _outputs(node, avals, layouts, offset):
-    return [None if aval is None else new_tensor(aval, node, i, layout=(layout[0], layout[1] + offset))
+def _outputs(node, avals, layouts):
+    return [None if aval is None else new_tensor(aval, node, i, layout=layout)
             for i, (aval, layout) in enumerate(zip(avals, layouts))]
 
 

@@ -18,6 +18,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node
 from ..core.record import Trigger
+from ..engine import tape
 from ..engine.executor import LiveValue, current
 
 DEVICE = torch.device("lazy", 0)
@@ -75,6 +76,9 @@ class LazyTensor(torch.Tensor):
 
     def __repr__(self) -> str:
         return f"LazyTensor({self._state})"
+
+
+tape.set_tensor_class(LazyTensor)
 
 
 def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,

@@ -1,0 +1,215 @@
+"""Record once, replay under guards (engine/tape.py): a repeated step reuses its
+recording, cut and key, and whatever changes in it (an op, a constant, an input's
+dtype or identity, a source line) still gives eager's values, with the record
+saying where replay stopped.
+"""
+import os
+
+import hypothesis
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xlakit
+
+EXAMPLES = int(os.environ.get("XLAKIT_FUZZ_EXAMPLES", "15"))
+RANDOM = os.environ.get("XLAKIT_FUZZ_RANDOM", "") == "1"
+SHAPE = (4, 5)
+
+
+def last():
+    return xlakit.steps()[-1]
+
+
+def test_a_training_step_replays_after_it_was_recorded_and_matches_eager(dev):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    lazy_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).to(dev)
+    lazy_model.load_state_dict(model.state_dict())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    lazy_opt = torch.optim.AdamW(lazy_model.parameters(), lr=1e-2)
+    data = [torch.randn(4, 8) for _ in range(5)]
+    replays = []
+    for x in data:
+        for m, o, inp in ((model, opt, x), (lazy_model, lazy_opt, x.to(dev))):
+            loss = m(inp).square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+        xlakit.mark_step()
+        replays.append(last().replay)
+        for p, q in zip(model.parameters(), lazy_model.parameters()):
+            torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+    # the first two steps follow other syncs (the step before the loop, the first marker)
+    assert replays[-1].recorded == 0 and replays[-1].replayed > 50 and replays[-1].why == ""
+    assert replays[-2] == replays[-1]
+    assert replays[0].recorded > 0 and replays[0].why
+
+
+def _step(x, y, scale):
+    return (x * y + scale).tanh().sum(0)
+
+
+def test_a_changed_shape_stops_replay_at_its_op_and_says_so(dev):
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    for _ in range(3):
+        out = _step(x.to(dev), y.to(dev), 0.5)
+        xlakit.mark_step()
+    assert last().replay.recorded == 0
+    wide, wide_y = torch.randn(8, 5), torch.randn(8, 5)
+    out = _step(wide.to(dev), wide_y.to(dev), 0.5)
+    xlakit.mark_step()
+    replay = last().replay
+    assert replay.replayed == 0 and replay.recorded > 0
+    # .to(device) records an empty tensor of the new shape first
+    assert replay.why.startswith("op 0 `aten.empty.memory_format`: argument 0 now (8, 5), was (4, 5)")
+    assert "test_replay.py" in replay.why  # where it was recorded, and where it is now
+    torch.testing.assert_close(out.cpu(), _step(wide, wide_y, 0.5))
+
+
+def test_one_input_read_twice_is_not_two_inputs(dev):
+    """f(a, a) and f(a, b) record the same ops on the same avals: the guard tells them apart."""
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    la, lb = a.to(dev), b.to(dev)
+    for _ in range(3):
+        out = la * lb + 1
+        xlakit.mark_step()
+    assert last().replay.recorded == 0
+    out = la * la + 1
+    xlakit.mark_step()
+    assert last().replay.replayed == 0 and "reads another value" in last().replay.why
+    torch.testing.assert_close(out.cpu(), a * a + 1)
+
+
+def _called_here(x):
+    return (x * 2).relu() + 1
+
+
+def _called_there(x):  # the same ops from other lines
+    return (x * 2).relu() + 1
+
+
+def test_a_replayed_node_shows_this_steps_source_line(dev):
+    x = torch.randn(3, 3).to(dev)
+    records = []
+    for call in (_called_here, _called_here, _called_here, _called_there):
+        out = call(x)
+        xlakit.mark_step()
+        records.append(last())
+    third, fourth = records[2], records[3]
+    assert third.replay.recorded == 0 and fourth.replay.recorded == 0  # sources are metadata
+    assert fourth.key == third.key and fourth.metadata_digest != third.metadata_digest
+    lines = {node.source.user.function for node in fourth.graph.nodes}
+    assert "_called_there" in lines and "_called_here" not in lines
+    torch.testing.assert_close(out.cpu(), _called_here(x.cpu()))
+
+
+def test_reads_in_the_middle_of_a_replayed_step(dev):
+    torch.manual_seed(1)
+    w = torch.randn(5, 5)
+    lw = w.to(dev)
+    items, lazy_items = [], []
+    for i in range(4):
+        x = torch.full((2, 5), float(i))
+        h = (x @ w).sin()
+        lh = (x.to(dev) @ lw).sin()
+        items.append(h.sum().item())
+        lazy_items.append(lh.sum().item())  # a partial sync: ends the run, begins another
+        w = w + h.mean()
+        lw.add_(lh.mean())
+        xlakit.mark_step()
+        torch.testing.assert_close(lw.cpu(), w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(lazy_items), torch.tensor(items), rtol=1e-5, atol=1e-5)
+    item_step, marker_step = xlakit.steps()[-2:]
+    assert item_step.replay.recorded == 0 and marker_step.replay.recorded == 0
+
+
+# -- fuzz: a random step repeated, then changed at one random point -------------------
+slot = st.integers(0, 5)
+unit = st.floats(-1.5, 1.5, allow_nan=False, allow_infinity=False, width=32)
+instruction = st.one_of(
+    st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
+    st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg"]), slot),
+    st.tuples(st.just("scalar"), st.sampled_from(["add", "mul"]), slot, unit),
+    st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_"]), slot, unit),
+    st.tuples(st.just("view"), st.sampled_from(["t", "row", "block"]), slot, unit),
+    st.tuples(st.just("matmul"), slot, slot),
+    st.tuples(st.just("reduce"), st.sampled_from(["sum", "amax"]), slot, st.integers(0, 1)),
+)
+
+
+def _run(pool, ins):
+    kind, *a = ins
+    t = lambda i: pool[i % len(pool)]  # noqa: E731
+    if kind == "binary":
+        pool.append(getattr(torch, a[0])(t(a[1]), t(a[2])))
+    elif kind == "unary":
+        pool.append(getattr(torch, a[0])(t(a[1])))
+    elif kind == "scalar":
+        pool.append(t(a[1]) + a[2] if a[0] == "add" else t(a[1]) * a[2])
+    elif kind == "inplace":
+        getattr(t(a[1]), a[0])(a[2])
+    elif kind == "view":
+        x = t(a[1])
+        {"t": lambda: x.t(), "row": lambda: x[1], "block": lambda: x[1:3, 1:4]}[a[0]]().mul_(a[2])
+    elif kind == "matmul":
+        pool.append(t(a[0]) @ t(a[1]).T @ t(a[0]) / 25)
+    elif kind == "reduce":
+        x = t(a[1])
+        pool.append(x - getattr(x, a[0])(dim=a[2], keepdim=True))
+
+
+def _mutate(program, where: int, how: str):
+    """The program with instruction `where` changed `how` (its op, a constant of the graph, a
+    Python float, or which tensor it reads); None if that instruction has no such part."""
+    kind, *a = program[where]
+    if how == "op" and kind in ("binary", "unary"):
+        names = {"binary": ["add", "sub", "mul", "maximum"], "unary": ["tanh", "sin", "abs", "neg"]}[kind]
+        changed = (kind, names[(names.index(a[0]) + 1) % len(names)], *a[1:])
+    elif how == "scalar" and kind in ("scalar", "inplace", "view"):
+        changed = (kind, *a[:-1], a[-1] + 0.25)
+    elif how == "constant" and kind == "reduce":
+        changed = (kind, a[0], a[1], 1 - a[2])
+    elif how == "identity" and kind in ("binary", "matmul"):
+        changed = (kind, *a[:-1], a[-1] + 1) if kind == "binary" else (kind, a[0], a[1] + 1)
+    else:
+        return None
+    return program[:where] + [changed] + program[where + 1:]
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), program=st.lists(instruction, min_size=1, max_size=25),
+       where=st.integers(0, 24), how=st.sampled_from(["op", "constant", "scalar", "identity", "input dtypes", "input shapes", "none"]))
+def test_a_repeated_step_changed_at_one_point_matches_eager(dev, seed, program, where, how):
+    program = [("unary", "tanh", 0)] + program  # every step reads input 0
+    where %= len(program)
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(SHAPE, generator=gen) for _ in range(3)]
+    changed = program if how in ("none", "input dtypes", "input shapes") else _mutate(program, where, how)
+    hypothesis.assume(changed is not None)
+    lazy_start = [t.to(dev) for t in start]
+    xlakit.mark_step()
+    for step in range(4):
+        last_step = step == 3
+        steps = program if not last_step else changed
+        eager = [t.clone() for t in start]
+        lazy = [t.clone() for t in lazy_start]  # the same input buffers every step
+        if last_step and how in ("input dtypes", "input shapes"):
+            eager = [t.double() if how == "input dtypes" else t.t().contiguous() for t in start]
+            lazy = [t.to(dev) for t in eager]
+        for ins in steps:
+            _run(eager, ins)
+            _run(lazy, ins)
+        xlakit.mark_step()
+        for k, (got, want) in enumerate(zip(lazy, eager)):
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-3,
+                                       msg=lambda m: f"tensor {k} at step {step} of {steps}: {m}")
+        replay = last().replay
+        if step == 2 or (last_step and how == "none"):
+            assert replay.recorded == 0 and replay.why == "", (steps, replay)
+    if how == "scalar":  # a Python float is an input of the graph (lifted), not a constant
+        assert replay.why == "" or replay.why.startswith("op "), (changed, replay)
+    elif how != "none":
+        assert replay.why.startswith("op ") and replay.recorded > 0, (changed, how, replay)

@@ -1,0 +1,375 @@
+"""Record once, replay under guards: each run of ops between two syncs is matched,
+op by op, against the run that followed the same sync last time.
+
+A training loop records the same ops every step. While an op arrives as the
+expected one did (the same op and constants, operands with the same avals and
+layouts, each read from the same earlier op's output or the same input), the
+recorder reuses that op's inferred outputs and signature instead of inferring
+and describing them again (front/recorder.py). At a step marker, when every op
+of the run matched and the same outputs are live, the cut and key of the run it
+matched are reused: no graph walk, no digest of the graph. The first mismatch
+records from that op on, so what is replayed is what recording would make; the
+guard only decides how much work recording skips. Source lines are taken anew
+for every op: a replayed node shows this step's lines, and the metadata digest
+is recomputed when one differs.
+
+Runs are found by the sync that began them (its trigger and line): a loop that
+reads its loss with `.item()` mid-step alternates two runs, each matched with its
+own. What a run keeps is per op (`Expected`), never the previous step's nodes or
+buffers, bounded by `LIMIT` ops per run and `RUNS` runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..core import sources, transfer
+from ..core.ir import Aval, DeviceData, Graph, Node, Slot
+from ..core.record import Replay
+from ..core.state import Memo
+from . import keys, stages
+
+LIMIT = 1 << 17   # ops per run kept for matching; a longer run records the rest
+RUNS = 16         # runs kept, by the sync that began them; the oldest go first
+
+
+class Expected:
+    """One op as it was recorded: what the next run's op at its position must match,
+    and what recording it gave (reused when it does).
+
+    slots: per operand, where it came from: ("n", position, output) an earlier op
+    of the run; the run's ordinal-th distinct input buffer, as ("d", ordinal) a
+    device tensor's, ("f", ordinal) a Python float's or ("c", ordinal) a CPU
+    scalar tensor's (lifted: transfer.lifted_scalar); ("x",) anything else,
+    which never matches."""
+
+    __slots__ = ("op", "template", "slots", "layouts_in", "avals_in", "default_dtype", "avals", "structure",
+                 "signature", "layouts", "source")
+
+    def __init__(self, op, template, slots, layouts_in, avals_in, default_dtype, avals, structure, signature,
+                 layouts, source):
+        self.op, self.template, self.slots, self.layouts_in, self.avals_in = op, template, slots, layouts_in, avals_in
+        self.default_dtype, self.avals, self.structure, self.signature = default_dtype, avals, structure, signature
+        self.layouts, self.source = layouts, source
+
+
+@dataclasses.dataclass
+class _CutMemo:
+    """What the marker of a fully matched run made, to be made again without a walk."""
+
+    roots: tuple            # per cut root: (position, output, label)
+    positions: list[int]    # the graph's nodes, by run position
+    param_uses: list        # per param: (graph node, operand) that first reads it
+    wiring: list
+    graph_roots: list
+    labels: list            # the params' labels (metadata)
+    donors: tuple
+    planned_roots: list     # the roots in the order the plan gave them
+    flags: dict
+    key: keys.Key
+
+
+class Run:
+    """The ops recorded between two syncs, matched against the run that followed the same sync before."""
+
+    def __init__(self, start, expected: Run | None):
+        self.start = start                       # the sync that began it: (trigger, line)
+        self.expected = expected                 # the run it is matched against, or None
+        self.recorded: list[Expected] = []       # this run, as the next one will match it
+        self.nodes: list[Node] = []              # dropped once it is closed and cut
+        self.first_seq = -1
+        self.inputs: dict[DeviceData, int] = {}  # input buffer -> ordinal; dropped with nodes
+        self.input_avals: list[Aval] = []
+        self.memo: _CutMemo | None = None
+        self.ops = 0
+        self.replayed = 0
+        self.why = "" if expected is not None else "no earlier run began at this sync"
+        self.sources_changed = False
+
+    def position(self, node: Node) -> int:
+        """The node's position in this run, or -1 if it was recorded before it (or beside it)."""
+        position = node.seq - self.first_seq
+        nodes = self.nodes
+        return position if 0 <= position < len(nodes) and nodes[position] is node else -1
+
+    def replay(self) -> Replay:
+        return Replay(replayed=self.replayed, recorded=self.ops - self.replayed, why=self.why if self.ops else "")
+
+    # -- at the marker that closed it ------------------------------------------------
+    def cut(self, targets) -> stages.Cut | None:
+        """The marker's cut, made from the matched run's without a walk; None unless
+        every op matched and the same outputs are to be computed."""
+        memo = self._matched_memo()
+        if memo is None:
+            return None
+        roots, labels, seen = [], [], set()
+        for t in targets:
+            position = self.position(t.node)
+            if position < 0:
+                return None
+            if (position, t.index) not in seen:
+                seen.add((position, t.index))
+                roots.append((position, t.index, t.label))
+                labels.append(t.label)
+        if tuple(roots) != memo.roots:
+            return None
+        nodes = self.nodes
+        graph_nodes = [nodes[p] for p in memo.positions]
+        params = [graph_nodes[n].operands[k] for n, k in memo.param_uses]
+        for p in params:
+            if p.__class__ is not DeviceData or p.donated:
+                return None  # the walk decides (stages.cut says what is wrong)
+        graph = Graph(nodes=graph_nodes, params=params, roots=list(memo.graph_roots), wiring=memo.wiring)
+        return stages.Cut(graph, [(nodes[p], i) for p, i, _ in roots], labels)
+
+    def key(self, graph: Graph, donors: tuple, flags: dict) -> keys.Key | None:
+        """The matched run's key, if this graph (made by `cut`) is planned as it was."""
+        memo = self._matched_memo()
+        if memo is None or donors != memo.donors or flags != memo.flags or graph.roots != memo.planned_roots:
+            return None
+        if not self.sources_changed and [p.label for p in graph.params] == memo.labels:
+            return memo.key
+        return dataclasses.replace(memo.key, metadata_digest=keys.metadata_digest(graph))
+
+    def _matched_memo(self) -> _CutMemo | None:
+        if self.why or self.expected is None or len(self.recorded) != len(self.expected.recorded):
+            return None
+        return self.expected.memo
+
+    def remember(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> None:
+        """Keep what the marker made of this run, for the next run that matches it."""
+        memo = self._matched_memo()
+        if memo is not None and key.key == memo.key.key and cut.graph.wiring is memo.wiring:  # made from it
+            self.memo = memo if key is memo.key else dataclasses.replace(memo, key=key, labels=[
+                p.label for p in cut.graph.params])
+        else:
+            self.memo = self._cut_memo(cut, planned, flags, key)
+
+    def release(self) -> None:
+        """After its sync: drop what only the sync needed (this step's nodes and buffers)."""
+        self.nodes, self.inputs, self.expected = [], {}, None
+
+    def _cut_memo(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> _CutMemo | None:
+        graph = cut.graph
+        positions = [self.position(node) for node in graph.nodes]
+        if -1 in positions:
+            return None  # a node recorded before the run (kept pending by a partial sync)
+        roots = tuple((positions[n], i, label) for (n, i), label in zip(graph.roots, cut.labels))
+        uses: dict[int, tuple[int, int]] = {}
+        for n, wires in enumerate(graph.wiring):
+            for k, w in enumerate(wires):
+                if w.__class__ is int and w not in uses:
+                    uses[w] = (n, k)
+        return _CutMemo(roots=roots, positions=positions, param_uses=[uses[i] for i in range(len(graph.params))],
+                        wiring=graph.wiring, graph_roots=list(graph.roots), labels=[p.label for p in graph.params],
+                        donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key)
+
+
+class Tape:
+    """The run being recorded, and the last run each sync began (what a new run is matched against)."""
+
+    def __init__(self):
+        self._runs: Memo = Memo(RUNS)  # the sync that began a run -> the last run it began
+        self._run = Run(None, None)
+
+    def clear(self) -> None:
+        self._runs.clear()
+        self._run = Run(None, None)
+
+    def size(self) -> int:
+        return sum(len(r.recorded) for r in self._runs.values())
+
+    # -- at record time ---------------------------------------------------------
+    def expected(self, op) -> Expected | None:
+        """The op expected at this position, if it is `op` and the run still matches."""
+        run = self._run
+        if run.why:
+            return None
+        position = len(run.recorded)
+        if position >= len(run.expected.recorded):
+            run.why = f"op {position} `{_name(op)}` is new: the run it follows had {position} ops"
+            return None
+        expected = run.expected.recorded[position]
+        if expected.op is not op:
+            run.why = f"op {position} is now `{_name(op)}`, was `{_name(expected.op)}`" + _at(expected)
+            return None
+        if expected.default_dtype is not torch.get_default_dtype():
+            run.why = f"op {position} `{_name(op)}`: the default dtype changed" + _at(expected)
+            return None
+        return expected
+
+    def match(self, expected: Expected, args, kwargs) -> tuple | None:
+        """The operands of the new node when (args, kwargs) match `expected`, else None
+        (and the run records from here on, saying why)."""
+        template_args, template_kwargs = expected.template
+        if len(args) != len(template_args) or len(kwargs) != len(template_kwargs):
+            return self._mismatch(expected, "now has other arguments")
+        operands = [None] * len(expected.slots)
+        for position, (value, want) in enumerate(zip(args, template_args)):
+            if not self._same(value, want, expected, operands):
+                return self._mismatch(expected, _difference(position, value, want, expected))
+        for name, want in template_kwargs:
+            value = kwargs.get(name, _MISSING)
+            if not self._same(value, want, expected, operands):
+                return self._mismatch(expected, _difference(name, value, want, expected))
+        return tuple(operands)
+
+    def _same(self, value, want, expected: Expected, operands: list) -> bool:
+        kind = want.__class__
+        if kind is Slot:
+            return self._same_operand(value, want.index, expected, operands)
+        if kind is tuple:
+            return (isinstance(value, (list, tuple)) and len(value) == len(want)
+                    and all(self._same(v, w, expected, operands) for v, w in zip(value, want)))
+        if value.__class__ is not kind:
+            return False
+        if kind is float or kind is complex:  # exact: 0.0 == -0.0, yet 1 / x tells them apart
+            return repr(value) == repr(want)
+        return value == want
+
+    def _same_operand(self, value, slot: int, expected: Expected, operands: list) -> bool:
+        where = expected.slots[slot]
+        kind = where[0]
+        if value.__class__ is _LAZY:
+            operand = value._state.operand()
+            if operand.__class__ is tuple:
+                if kind != "n" or where[2] != operand[1] or where[1] != self._run.position(operand[0]):
+                    return False
+            elif kind != "d" or not self._same_input(operand, where[1]):
+                return False
+            if (value.stride(), value.storage_offset()) != expected.layouts_in[slot]:
+                return False
+        elif kind == "f" and value.__class__ is float:
+            operand = transfer.lifted_scalar(value, expected.avals_in[slot].dtype)
+            if not self._same_input(operand, where[1]):
+                return False
+        elif kind == "c" and isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0 \
+                and value.dtype == expected.avals_in[slot].dtype:
+            operand = transfer.lifted_scalar(value.item(), value.dtype)
+            if not self._same_input(operand, where[1]):
+                return False
+        else:
+            return False
+        operands[slot] = operand
+        return True
+
+    def _same_input(self, data: DeviceData, ordinal: int) -> bool:
+        """Whether `data` is the run's ordinal-th input, as the expected run's was (by first use:
+        f(a, a) and f(a, b) read one input and two)."""
+        run = self._run
+        seen = run.inputs.get(data)
+        if seen is not None:
+            return seen == ordinal
+        known = run.expected.input_avals
+        if ordinal != len(run.inputs) or ordinal >= len(known) or data.aval != known[ordinal]:
+            return False
+        run.inputs[data] = ordinal
+        run.input_avals.append(data.aval)
+        return True
+
+    def _mismatch(self, expected: Expected, what: str) -> None:
+        run = self._run
+        where = sources.describe(sources.capture())
+        run.why = (f"op {len(run.recorded)} `{_name(expected.op)}`: {what}" + (f" at {where}" if where else "")
+                   + _at(expected, unless=where))
+
+    def add(self, node: Node, expected: Expected | None, *, template=None, tensors=(), structure=None,
+            layouts=(), default_dtype=None) -> None:
+        """Note a new node: replayed from `expected`, or recorded (its operand tensors, template, ...)."""
+        run = self._run
+        if run.first_seq < 0:
+            run.first_seq = node.seq
+        run.ops += 1
+        if len(run.recorded) >= LIMIT:
+            run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
+            return
+        run.nodes.append(node)
+        if expected is not None:
+            run.replayed += 1
+            if node.source is not expected.source:
+                run.sources_changed = True
+            run.recorded.append(expected)
+            return
+        slots, layouts_in, avals_in = [], [], []
+        for t, operand in zip(tensors, node.operands):
+            slots.append(self._slot(t, operand))
+            layouts_in.append((t.stride(), t.storage_offset()) if t.__class__ is _LAZY else None)
+            avals_in.append(_aval_of(operand))
+        run.recorded.append(Expected(node.op, template, tuple(slots), tuple(layouts_in), tuple(avals_in),
+                                     default_dtype, node.avals, structure, node.signature, layouts, node.source))
+
+    def _slot(self, t, operand) -> tuple:
+        """Where a recorded operand came from (see Expected.slots)."""
+        if operand.__class__ is tuple:
+            position = self._run.position(operand[0])
+            return ("n", position, operand[1]) if position >= 0 and t.__class__ is _LAZY else ("x",)
+        if t.__class__ is _LAZY:
+            kind = "d"
+        elif t.__class__ is float:
+            kind = "f"
+        elif isinstance(t, torch.Tensor) and t.dim() == 0 and t.device.type == "cpu":
+            kind = "c"
+        else:
+            return ("x",)  # a CPU index tensor: uploaded anew each time
+        run = self._run
+        ordinal = run.inputs.get(operand)
+        if ordinal is None:
+            ordinal = run.inputs[operand] = len(run.inputs)
+            run.input_avals.append(operand.aval)
+        return (kind, ordinal)
+
+    # -- at a sync ----------------------------------------------------------------
+    def close(self, start) -> Run:
+        """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run."""
+        run = self._run
+        if run.recorded or run.start not in self._runs:
+            self._runs[run.start] = run
+        self._run = Run(start, self._runs.get(start))
+        return run
+
+
+_MISSING = object()
+_LAZY = None   # front.tensor.LazyTensor (front imports engine, not the reverse): set_tensor_class
+
+
+def set_tensor_class(cls) -> None:
+    global _LAZY
+    _LAZY = cls
+
+
+def _aval_of(operand) -> Aval | None:
+    if operand.__class__ is tuple:
+        return operand[0].avals[operand[1]]
+    return operand.aval if operand.__class__ is DeviceData else None
+
+
+def _name(op) -> str:
+    return str(op).removesuffix(".default")
+
+
+def _at(expected: Expected, unless: str = "") -> str:
+    was = sources.describe(expected.source)
+    return f" (recorded at {was})" if was and was != unless else ""
+
+
+def _difference(argument, value, want, expected: Expected) -> str:
+    """In words, how one argument differs from the expected one (once per run)."""
+    if want.__class__ is Slot:
+        was = expected.avals_in[want.index]
+        if isinstance(value, torch.Tensor):
+            now = Aval(tuple(value.shape), value.dtype)
+            if was is not None and now != was:
+                return f"argument {argument} now {now}, was {was}"
+            layout = expected.layouts_in[want.index]
+            if value.__class__ is _LAZY and layout is not None and value.stride() != layout[0]:
+                return f"argument {argument} now has strides {value.stride()}, was {layout[0]}"
+            return f"argument {argument} ({now}) now reads another value"
+        return f"argument {argument} now {value!r}"
+    return f"argument {argument} now {_plain(value)}, was {_plain(want)}"
+
+
+def _plain(value):
+    if value is _MISSING:
+        return "(not given)"
+    return repr(tuple(value) if isinstance(value, list) else value)  # as the template keeps it
