@@ -45,9 +45,10 @@ class BreakView(BreakReport, Displayed):
         svgs: dict[tuple[int, bool], str] = {}  # (FX graph, compiled): its SVG, drawn once for the page
 
         def graph_html(g: FxGraph, side: str = "") -> str:
-            parts = [f"<h4>FX graph {g.index}{side}: {DYNAMO_TITLE}</h4>", _svg(svgs, g, compiled=False)]
+            name = f"FX graph {g.index}" + (f" ({side} the break)" if side else "")
+            parts = [f"<h4>{name}: {DYNAMO_TITLE}</h4>", _svg(svgs, g, compiled=False)]
             if g.compiled is not None:
-                parts += [f"<h4>FX graph {g.index}{side}: {COMPILED_TITLE}</h4>", splits_html(g),
+                parts += [f"<h4>{name}: {COMPILED_TITLE}</h4>", splits_html(g),
                           _svg(svgs, g, compiled=True)]
             return f"<div>{''.join(parts)}</div>"
 
@@ -78,10 +79,10 @@ class BreakView(BreakReport, Displayed):
             for i, side in sides:
                 g = self.fx_graphs[i]
                 children.append(_graph_widget(g.graph))
-                titles.append(f"FX graph {g.index}{side}")
+                titles.append(f"graph {g.index}" + (f", {side}" if side else ""))  # a tab shows some 18 characters
                 if g.compiled is not None:
                     children.append(ipywidgets.VBox([_html(splits_html(g)), _graph_widget(by_executable(g))]))
-                    titles.append(f"FX graph {g.index} in HLO ({_executables(g)})")
+                    titles.append(f"graph {g.index} in HLO")
             return _titled(ipywidgets.Tab(children=children), titles)
 
         table = _html(BREAK_STYLE + self._table_html(), style=True)
@@ -147,7 +148,8 @@ def splits_html(g: FxGraph) -> str:
 
 
 def _sides(b: GraphBreak) -> list[tuple[int, str]]:
-    return [(b.before, " (before the break)")] + ([(b.after, " (after it)")] if b.after is not None else [])
+    """The FX graphs on either side of a break: (index, "before" or "after")."""
+    return [(b.before, "before")] + ([(b.after, "after")] if b.after is not None else [])
 
 
 def _row_title(b: GraphBreak) -> str:
