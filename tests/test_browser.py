@@ -44,6 +44,15 @@ LLAMA_CELLS = [
     "print('all cells ran')",
 ]
 
+EXPLAIN_CELLS = [
+    "import torch, xlakit\ntorch.manual_seed(0)\nclass Net(torch.nn.Module):\n    def __init__(self):\n"
+    "        super().__init__()\n"
+    "        self.encoder = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))\n"
+    "    def forward(self, x):\n        h = self.encoder(x)\n        print('encoded')\n        return h.sin().sum()",
+    "xlakit.explain(Net(), torch.randn(3, 4))",
+    "print('all cells ran')",
+]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -63,6 +72,7 @@ def notebooks(tmp_path_factory):
     root = tmp_path_factory.mktemp("notebooks")
     shutil.copy(ROOT / "notebooks" / "01_quickstart.ipynb", root)
     (root / "llama.ipynb").write_text(json.dumps(_notebook(LLAMA_CELLS)))
+    (root / "explain.ipynb").write_text(json.dumps(_notebook(EXPLAIN_CELLS)))
     return root
 
 
@@ -245,3 +255,29 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
         assert row in details, details
     assert widget.locator("g.xlakit-node.selected").count() == 1
     output.screenshot(path=str(shots / f"graph_{frontend}_details.png"))
+
+
+def test_a_break_row_of_explain_opens_on_its_source_and_the_graphs_beside_it(server, notebooks, page, shots):
+    frontend, _, _ = server
+    run_all(page, server, "explain.ipynb")
+    no_errors_shown(page)
+    assert "all cells ran" in page.locator(".jp-OutputArea-output").last.inner_text()
+    row = page.locator(".jupyter-widget-Collapse", has_text="break 1 at cell 1 line 9").first
+    row.locator(".jupyter-widget-Collapse-header").first.click()
+    opened = page.locator(".jupyter-widget-Collapse-open")
+    opened.first.wait_for(timeout=10_000)
+    # Dynamo's explanation, and the cell's source with the break's line marked
+    assert "Failed to trace builtin operator" in opened.first.inner_text()
+    assert "print('encoded')" in opened.locator("pre.xlakit-source .at").first.inner_text()
+    # the graph before the break, drawn by the step view's widget: the encoder's ops in its module groups
+    widget = opened.locator(".xlakit-graph-widget[data-boxes]").first
+    widget.wait_for(state="visible", timeout=30_000)
+    nodes = widget.locator("g.xlakit-node.node")
+    assert nodes.count() == 3 and "linear" in nodes.first.text_content()  # linear, relu, linear
+    assert widget.locator("g.xg-frame").count() == 4  # encoder, encoder.0, encoder.1, encoder.2
+    node, _ = pick(widget, "g.xlakit-node.node", "relu")
+    node.click()
+    details = widget.locator(".xg-details").inner_text()
+    assert "module" in details and "cell 1 line 8" in details and "HLO" not in details
+    opened.first.scroll_into_view_if_needed()
+    opened.first.screenshot(path=str(shots / f"explain_{frontend}.png"))

@@ -1,6 +1,7 @@
 """torch.compile(backend="xlakit") and xlakit.explain: exact break counts, checked by hand."""
 import copy
 import os
+import re
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch.nn.functional as F
 
 import xlakit
 from xlakit.integrations import dynamo
-from xlakit.notebook import graph_svg
+from xlakit.notebook import breaks_view
 
 
 def messy(x):
@@ -37,7 +38,11 @@ def test_clean_mlp_has_one_graph_and_no_break_on_every_path():
     for path in report.paths:
         assert (path.graphs, path.breaks) == (1, 0), path
     assert report.ops_per_graph == [["linear", "relu", "linear"]]
-    assert "ran the function once per path" in repr(report)
+    assert report.breaks == [] and "ran the function once per path" in repr(report)
+    # Dynamo's graph grouped by module path (nn_module_stack), its inputs named by their module
+    graph = report.fx_graphs[0].graph
+    assert [(n.op, n.module) for n in graph.nodes] == [("linear", "0"), ("relu", "1"), ("linear", "2")]
+    assert sorted(p.label for p in graph.params) == ["0.bias", "0.weight", "2.bias", "2.weight", "args_0"]
 
 
 def test_messy_function_counts_per_path():
@@ -54,11 +59,10 @@ def test_messy_function_counts_per_path():
     # FX graphs: [sin mul sum gt], [mean], [gt], [sub view resize sum sum add] -> the last splits at the resize
     assert (compiled.graphs, compiled.breaks) == (5, 1)
     assert compiled.why == [f"FX graph 3: {AA}.default ({AA[5:]}) fallback at {HERE}:{LINE + 6}"]
-    assert report.partitions[3] == {"sub": 0, "view": 0, AA[5:]: 1, "sum_1": 1, "sum_2": 1, "add": 1}
-    split_graph = graph_svg.to_svg(report.graphs[3])
-    assert split_graph.count('class="xlakit-node node split"') == 1 and AA[5:] in split_graph
-    assert "executable 1" in split_graph and 'stroke-dasharray' in split_graph
-    assert report.widget().children[1].options[3] == ("FX graph 3", 3)
+    last = report.fx_graphs[3]
+    assert last.ops == ["sub", "view", "interpolate", "sum", "sum", "add"]
+    assert last.compiled.partition == {"sub": 0, "view": 0, AA[5:]: 1, "sum_1": 1, "sum_2": 1, "add": 1}
+    assert [g.compiled.executables for g in report.fx_graphs] == [1, 1, 1, 2]
 
     lazy = report.path("Lazy (xlakit engine)")
     assert (lazy.graphs, lazy.breaks) == (5, 4)
@@ -73,6 +77,79 @@ def test_messy_function_counts_per_path():
                                     "CPU fallback aten::nonzero x1"]
         openxla = report.path("torch_xla openxla")
         assert openxla.why[0] == "CPU fallback aten::_upsample_bilinear2d_aa x1"
+
+
+def test_each_break_carries_its_source_dynamo_explanation_and_the_graphs_on_either_side():
+    torch.manual_seed(0)
+    report = xlakit.explain(messy, torch.randn(8))
+    branch, printed, nonzero = report.breaks
+    assert [(b.where.line, b.before, b.after) for b in report.breaks] == [(LINE + 2, 0, 1), (LINE + 4, 1, 2),
+                                                                          (LINE + 5, 2, 3)]
+    # the source around the line, read through linecache
+    assert branch.lines[0] == (LINE - 1, "") and branch.lines[3] == (LINE + 2, "    if y.sum() > 0:                   # +2: data-dependent branch")
+    assert [n for n, _ in branch.lines] == list(range(LINE - 1, LINE + 6))
+    # Dynamo's own words: a bare "generic_jump" reason gets its type, code and hints from Dynamo's registry
+    assert branch.reason.startswith("generic_jump") and branch.dynamo.code == "GB0170"
+    assert branch.dynamo.title == "Data-dependent branching" and "Use `torch.cond` to express dynamic control flow." in branch.dynamo.hints
+    assert printed.dynamo.code == "GB0059" and "`print`" in printed.dynamo.explanation
+    assert nonzero.dynamo.title == "Dynamic shape operator" and nonzero.dynamo.context == "aten.nonzero.default"
+    assert any("capture_dynamic_output_shape_ops" in h for h in nonzero.dynamo.hints)
+    assert report.path("Dynamo FX").why[0] == f"{HERE}:{LINE + 2}: Data-dependent branching (GB0170)"
+    assert f"break 1 at {HERE}:{LINE + 2} (after FX graph 0, before FX graph 1): Data-dependent branching (GB0170)" \
+        in repr(report)
+    # the graphs on either side of the nonzero break: [gt] before it, the split graph after it
+    assert report.fx_graphs[nonzero.before].ops == ["gt"] and report.fx_graphs[nonzero.after].compiled.splits
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.proj(x).relu()
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Sequential(Block(), Block())
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.encoder(x)
+        print("encoded")                  # a break between the encoder and the head
+        return self.head(h).sin()
+
+
+def test_fx_graphs_group_nodes_by_module_and_draw_as_the_step_view_does():
+    torch.manual_seed(0)
+    report = xlakit.explain(Net(), torch.randn(3, 4))
+    (b,) = report.breaks
+    before, after = report.fx_graphs[b.before], report.fx_graphs[b.after]
+    assert [(n.op, n.module) for n in before.graph.nodes] == [
+        ("linear", "encoder.0.proj"), ("relu", "encoder.0"), ("linear", "encoder.1.proj"), ("relu", "encoder.1")]
+    assert [(n.op, n.module) for n in after.graph.nodes] == [("linear", "head"), ("sin", "")]
+    assert "encoder.0.proj.weight" in [p.label for p in before.graph.params]
+    assert after.graph.nodes[0].source.user.line == Net.forward.__code__.co_firstlineno + 3
+    # the step view's dot SVG: module groups as clusters, and the aten graph grouped by executable
+    page = report._repr_html_()
+    assert page.count("<details class='xlakit-break'>") == 1 and page.count("class='xlakit-fx-graph'") == 2
+    if 'data-layout="dot"' in page:  # Graphviz installed: module groups are its clusters
+        clusters = re.findall(r'<g id="clust\d+" class="cluster[^"]*">\s*<title>[^<]*</title>.*?<text[^>]*>([^<]*)</text>',
+                              page, re.S)
+        assert {"encoder", "0", "1", "proj", "head", "executable 0"} <= set(clusters)
+    assert "executable 0" in page and "<span class='at'>" in page and "GB0059" in page
+    # the widget: a row per break (closed), each holding the step view's graph widgets
+    widget = report.widget()
+    rows = widget.children[2]
+    assert rows.selected_index is None and rows.get_title(0).startswith("break 1 at")
+    tabs = rows.children[0].children[1]
+    graph = tabs.children[0].data
+    assert [g["name"] for g in graph["groups"]][:3] == ["", "encoder", "encoder.0"]
+    assert {i["title"] for i in graph["items"] if i["kind"] == "node"} == {"%0 linear", "%1 relu", "%2 linear", "%3 relu"}
+    compiled = breaks_view.by_executable(before)
+    assert {n.module.split(".")[0] for n in compiled.nodes} == {"executable 0"}
 
 
 def test_compiled_and_lazy_results_equal_eager(dev):

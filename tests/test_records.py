@@ -36,8 +36,9 @@ def test_explains_fx_partition_is_a_field_of_its_own():
         return torch.angle(x.sin() - 1).sum()
 
     report = xlakit.explain(f, torch.randn(4))
-    graph = report.graphs[0]
-    assert [n.partition for n in graph.nodes] == list(report.partitions[0].values())
+    compiled = report.fx_graphs[0].compiled
+    graph = compiled.graph
+    assert [n.partition for n in graph.nodes] == list(compiled.partition.values())
     assert all(n.avals and "executable" not in ",".join(n.avals) for n in graph.nodes)
     assert graph.params[0].aval == "f32[4]" and graph.params[0].label is not None
 

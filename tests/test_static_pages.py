@@ -78,10 +78,13 @@ def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
                for cell in notebook.cells for o in cell.get("outputs", []))
     page = visible(to_html(notebook))
-    assert page.classes.get("xlakit-graph", 0) >= steps + 1          # each step's graph, the FX graph
     for table in ("xlakit-key", "xlakit-timing", "xlakit-memory", "xlakit-buffers", "xlakit-cost"):
         assert page.classes.get(table) == steps, table
     assert page.classes.get("xlakit-breaks") == reports
+    # explain()'s break (nonzero) is a row that opens without scripts: the cell's line marked, the graphs drawn
+    assert page.classes.get("xlakit-break") == 1 and page.classes.get("xlakit-source") == 1
+    assert page.classes.get("at") == 1 and page.classes.get("xlakit-fx-graph") == 2
+    assert page.classes.get("xlakit-graph", 0) >= steps + 4          # and each FX graph, as Dynamo and xlakit saw it
     assert page.classes.get("xlakit-history") == 1
     assert "jupyter-widgets" not in page.classes                      # no empty widget box
 

@@ -45,6 +45,8 @@ class Model {
     this.depth = this.groups.map(() => 0);
     this.groups.forEach((g, i) => { if (i > 0) this.depth[i] = this.depth[g.parent] + 1; });
     this.edges = this.groups.map(() => new Map());
+    // a graph that was never lowered (explain's FX graphs) has no HLO to show for any node
+    this.hasHlo = this.items.some((item) => item.hlo && item.hlo.length);
     this.items.forEach((item, k) => (item.preds || []).forEach((p) => this.addEdge(p, k)));
     // per group: how many ops and inputs it holds, and how many carry each mark
     this.counts = this.groups.map(() => ({ node: 0, input: 0 }));
@@ -374,7 +376,7 @@ class GraphView {
       html("th", null, tr, name);
       html("td", null, tr, value);
     }
-    if (item.kind === "node") {
+    if (item.kind === "node" && this.model.hasHlo) {
       html("div", "xg-subtitle", d, item.hlo && item.hlo.length ? "HLO instructions it became"
         : "HLO: none of its own (folded into others, or a no-op)");
       const pre = html("pre", "xg-hlo", d);

@@ -13,6 +13,7 @@ its backward's neighbours may be misnamed (names are metadata, never keyed).
 from __future__ import annotations
 
 import bisect
+import re
 import threading
 import weakref
 
@@ -57,6 +58,26 @@ def current() -> str:
 def _forward_path(sequence_nr: int) -> str:
     at = bisect.bisect_right(_SEQUENCE, sequence_nr) - 1
     return _PATHS[at] if at >= 0 else ""
+
+
+# one step of a Dynamo source name: `.lin`, `['layers']`, `[0]`
+_FX_STEP = re.compile(r"\.(\w+)|\[['\"]?([^'\"\]]*)['\"]?\]")
+
+
+def of_fx_stack(stack: dict | None) -> str:
+    """An FX node's module path from Dynamo's `node.meta["nn_module_stack"]`
+    ({key: (source name, type)}, outermost first), as `current()` names it:
+    "L['self']._modules['layers']._modules['0'].lin" -> "layers.0.lin". The
+    compiled frame's own module (L['self']) is "", as the outermost module is;
+    a name in another spelling is kept as it is."""
+    if not stack:
+        return ""
+    name = list(stack.values())[-1][0]
+    root = re.match(r"[LG]\[[^\]]*\]", name)
+    if root is None:
+        return name
+    steps = (a or b for a, b in _FX_STEP.findall(name[root.end():]))
+    return ".".join(s for s in steps if s != "_modules")
 
 
 def _mark(path: str) -> None:

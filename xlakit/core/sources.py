@@ -166,6 +166,20 @@ def warn(message: str, source: Source | None, category=UserWarning) -> None:
     warnings.warn_explicit(message, category, cell.rpartition(" line ")[0] if cell else frame.file, frame.line)
 
 
+def of_stack_trace(text: str, module: str = "") -> Source | None:
+    """The Source of a traceback's text, as FX keeps one per node (`node.meta["stack_trace"]`):
+    its 'File "/path/x.py", line 12, in forward' lines; `module` the node's module path."""
+    frames = []
+    for line in text.splitlines():
+        if line.strip().startswith("File "):
+            filename, _, rest = line.strip().removeprefix('File "').partition('", line ')
+            number, _, function = rest.partition(", in ")
+            if number.isdigit():
+                frames.append(Frame(filename, int(number), function))
+    source = of_traceback(frames)
+    return Source(source.user, source.library, module) if source is not None and module else source
+
+
 def of_traceback(frames: list[Frame]) -> Source | None:
     """The Source of a recorded stack, listed outermost first as tracebacks are
     (Dynamo's FX nodes keep one): its innermost user line and innermost library

@@ -5,23 +5,31 @@ lazy xlakit, and torch_xla's LazyTensor and openxla paths when torch_xla is
 installed). Modules and tensors are copied for each path, so the caller's
 objects are not changed; other side effects of `fn` (printing, globals) happen
 once per path.
+
+Each of Dynamo's breaks is kept with what explains it: the source around its
+line, Dynamo's own type, code, explanation and hints (dynamo_reasons.py), the
+FX graphs on either side of it (drawable, nodes by module path), and what
+xlakit's backend made of each graph (its executables and HLO splits).
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
+import linecache
 import logging
 
 import torch
 from torch.utils._pytree import tree_map_only
 
 from .. import session
-from ..core import sources
-from ..core.ir import Frame
-from ..core.record import Trigger
+from ..core import module_paths, sources
+from ..core.ir import Aval, Frame
+from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..front import install
 from ..front.recorder import DEVICE
-from . import dynamo
+from . import dynamo, dynamo_reasons
+
+CONTEXT_LINES = 3  # source lines shown on each side of a break's line
 
 
 @dataclasses.dataclass
@@ -33,33 +41,83 @@ class PathReport:
 
 
 @dataclasses.dataclass
+class FxGraph:
+    """One graph Dynamo captured, and what xlakit's backend made of it."""
+
+    index: int
+    graph: GraphInfo                             # torch-level ops, each with its module path and source line
+    compiled: dynamo.CompiledGraph | None        # executables, HLO splits, the aten graph by executable
+
+    @property
+    def ops(self) -> list[str]:
+        return [n.op for n in self.graph.nodes]
+
+
+@dataclasses.dataclass
+class GraphBreak:
+    """One of Dynamo's graph breaks: where, why, and the graphs on either side."""
+
+    index: int
+    where: Frame | None                          # the line Dynamo stopped at (innermost traced frame)
+    lines: list[tuple[int, str]]                 # the source around it: (line number, text)
+    reason: str                                  # Dynamo's reason, as it gave it
+    dynamo: dynamo_reasons.DynamoReason          # its type, registry code, explanation and hints
+    before: int                                  # the FX graph that ends at this break
+    after: int | None                            # the FX graph Dynamo captured next; None if none
+
+    @property
+    def at(self) -> str:
+        return sources.short(self.where) or "?"
+
+
+@dataclasses.dataclass
 class BreakReport:
     paths: list[PathReport]
-    ops_per_graph: list[list[str]]            # FX ops per Dynamo graph
-    partitions: list[dict[str, int]]          # per FX graph: FX node -> executable it went to
-    graphs: list = dataclasses.field(default_factory=list)  # per FX graph: GraphInfo, splits marked
+    fx_graphs: list[FxGraph]
+    breaks: list[GraphBreak]
     note: str = "explain() ran the function once per path (on copies of its module and inputs)."
 
     def path(self, name: str) -> PathReport:
         return next(p for p in self.paths if p.path == name)
+
+    @property
+    def ops_per_graph(self) -> list[list[str]]:
+        return [g.ops for g in self.fx_graphs]
 
     def __repr__(self) -> str:
         lines = [self.note, f"{'path':<34} {'graphs':>6} {'breaks':>6}  where and why"]
         for p in self.paths:
             lines.append(f"{p.path:<34} {p.graphs:>6} {p.breaks:>6}  {p.why[0] if p.why else ''}")
             lines += [f"{'':<49}{w}" for w in p.why[1:]]
-        for i, ops in enumerate(self.ops_per_graph):
-            lines.append(f"FX graph {i}: {len(ops)} ops: {', '.join(ops[:12])}{' ...' if len(ops) > 12 else ''}")
+        for g in self.fx_graphs:
+            lines.append(f"FX graph {g.index}: {len(g.ops)} ops: {', '.join(g.ops[:12])}"
+                         f"{' ...' if len(g.ops) > 12 else ''}{_executables(g)}")
+        for b in self.breaks:
+            lines.append(f"break {b.index} at {b.at} ({between(b)}): {b.dynamo}")
         return "\n".join(lines)
+
+
+def between(b: GraphBreak) -> str:
+    """'after FX graph 0, before FX graph 1'."""
+    return f"after FX graph {b.before}" + (f", before FX graph {b.after}" if b.after is not None else "")
+
+
+def _executables(g: FxGraph) -> str:
+    if g.compiled is None or g.compiled.executables <= 1:
+        return ""
+    return f" (xlakit: {g.compiled.executables} executables, split at {', '.join(s.node for s in g.compiled.splits)})"
 
 
 def explain(fn, *args, **kwargs) -> BreakReport:
     install.install()
-    fx, ops = _dynamo_fx(fn, args, kwargs)
-    compiled, partitions, graphs = _dynamo_xlakit(fn, args, kwargs)
+    fx, captured, breaks = _dynamo_fx(fn, args, kwargs)
+    compiled, compiled_graphs = _dynamo_xlakit(fn, args, kwargs)
     paths = [fx, compiled, _lazy_xlakit(fn, args, kwargs)]
     paths += _torch_xla_paths(fn, args, kwargs)
-    return BreakReport(paths=paths, ops_per_graph=ops, partitions=partitions, graphs=graphs)
+    # both runs trace the same code with the same Dynamo: the same graphs, in the same order
+    matched = compiled_graphs if len(compiled_graphs) == len(captured) else [None] * len(captured)
+    fx_graphs = [FxGraph(i, _graph_info(gm), c) for i, (gm, c) in enumerate(zip(captured, matched))]
+    return BreakReport(paths=paths, fx_graphs=fx_graphs, breaks=breaks)
 
 
 def _moved(fn, args, kwargs, device):
@@ -75,13 +133,87 @@ def _dynamo_fx(fn, args, kwargs):
     torch._dynamo.reset()
     f, a, k = _moved(fn, args, kwargs, "cpu")
     out = torch._dynamo.explain(f)(*a, **k)
-    why = []
-    for reason in out.break_reasons:
+    breaks, why = [], []
+    for before, gm in enumerate(out.graphs):
+        reason = gm.compile_subgraph_reason  # a graph ends at a break, or at its frame's return
+        if not reason.graph_break:
+            continue
         frame = reason.user_stack[-1] if reason.user_stack else None
-        where = sources.short(Frame(frame.filename, frame.lineno, frame.name)) if frame else "?"
-        why.append(f"{where}: {reason.reason.splitlines()[0][:100]}")
-    ops = [[getattr(op, "__name__", str(op)) for op in graph_ops] for graph_ops in out.ops_per_graph]
-    return PathReport("Dynamo FX", out.graph_count, out.graph_break_count, why), ops
+        where = Frame(frame.filename, frame.lineno, frame.name) if frame else None
+        after = before + 1 if before + 1 < len(out.graphs) else None
+        b = GraphBreak(len(breaks) + 1, where, _lines_around(where), reason.reason,
+                       dynamo_reasons.explain(reason.reason), before, after)
+        breaks.append(b)
+        why.append(f"{b.at}: {b.dynamo}")
+    return PathReport("Dynamo FX", out.graph_count, out.graph_break_count, why), out.graphs, breaks
+
+
+def _lines_around(where: Frame | None) -> list[tuple[int, str]]:
+    """The source around a line (a notebook cell's too: IPython puts cells in linecache)."""
+    if where is None:
+        return []
+    lines = linecache.getlines(where.file)
+    first, last = max(1, where.line - CONTEXT_LINES), min(len(lines), where.line + CONTEXT_LINES)
+    return [(n, lines[n - 1].rstrip("\n")) for n in range(first, last + 1)]
+
+
+def _graph_info(gm: torch.fx.GraphModule) -> GraphInfo:
+    """A graph Dynamo captured, as the views draw it: inputs (placeholders and
+    attributes), ops with their shapes, arguments, module path (nn_module_stack)
+    and source line (stack_trace)."""
+    params, nodes, where = [], [], {}
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "get_attr"):
+            where[node.name] = len(params)
+            avals = _avals(node)
+            params.append(ParamInfo(aval=avals[0] if len(avals) == 1 else None, label=_input_label(node),
+                                    donated=False))
+        elif node.op in ("call_function", "call_method", "call_module"):
+            where[node.name] = Output(len(nodes), 0)
+            module = module_paths.of_fx_stack(node.meta.get("nn_module_stack"))
+            nodes.append(NodeInfo(
+                op=node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target)),
+                operands=tuple(where[a.name] for a in node.all_input_nodes if a.name in where),
+                avals=_avals(node), source=sources.of_stack_trace(node.meta.get("stack_trace") or "", module),
+                args=_args_text(node), module=module))
+    roots = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
+                  if isinstance(where.get(a.name), Output))
+    return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=roots)
+
+
+def _avals(node: torch.fx.Node) -> tuple[str, ...]:
+    """The avals of a node's example value (Dynamo's fake tensors); () if not tensors."""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        return ()
+    return tuple(str(Aval(tuple(v.shape), v.dtype)) for v in values)
+
+
+def _input_label(node: torch.fx.Node) -> str:
+    """'L_self_modules_layers_modules_0_modules_lin_parameters_weight_' -> 'layers.0.lin.weight';
+    'L_x_' -> 'x'."""
+    name = str(node.target)
+    if node.op == "placeholder" and name[:2] in ("L_", "G_"):
+        parts = name[2:].rstrip("_").replace("_modules_", ".").replace("_parameters_", ".") \
+            .replace("_buffers_", ".").split(".")
+        return ".".join(parts[1:] if len(parts) > 1 else parts)  # the compiled frame's module is ""
+    return name
+
+
+def _args_text(node: torch.fx.Node, width: int = 160) -> str:
+    """Its arguments, operands as $0, $1, ... (as NodeInfo.args)."""
+    operands = {n: i for i, n in enumerate(node.all_input_nodes)}
+
+    def text(a):
+        if isinstance(a, torch.fx.Node):
+            return f"${operands[a]}"
+        if isinstance(a, (list, tuple)):
+            return "(" + ", ".join(text(x) for x in a) + ")"
+        return repr(a)
+
+    shown = ", ".join([text(a) for a in node.args] + [f"{k}={text(v)}" for k, v in node.kwargs.items()])
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
 
 
 def _dynamo_xlakit(fn, args, kwargs):
@@ -91,8 +223,7 @@ def _dynamo_xlakit(fn, args, kwargs):
         torch.compile(f, backend="xlakit")(*a, **k)
     why = [f"FX graph {i}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
            for i, g in enumerate(graphs) for s in g.splits]
-    return (PathReport("Dynamo -> HLO (xlakit backend)", len(steps), sum(len(g.splits) for g in graphs), why),
-            [g.partition for g in graphs], [g.graph for g in graphs])
+    return PathReport("Dynamo -> HLO (xlakit backend)", len(steps), sum(len(g.splits) for g in graphs), why), graphs
 
 
 def _lazy_xlakit(fn, args, kwargs):
