@@ -81,7 +81,8 @@ class Run:
         self.first_seq = -1
         self.inputs: dict[DeviceData, int] = {}  # input buffer -> ordinal; dropped with nodes
         self.input_avals: list[Aval] = []
-        self.memo: _CutMemo | None = None
+        self._memo: _CutMemo | None = None
+        self._made = None                        # what its marker made, until a matching run asks
         self.ops = 0
         self.replayed = 0
         self.why = "" if expected is not None else "no earlier run began at this sync"
@@ -135,20 +136,29 @@ class Run:
     def _matched_memo(self) -> _CutMemo | None:
         if self.why or self.expected is None or len(self.recorded) != len(self.expected.recorded):
             return None
-        return self.expected.memo
+        return self.expected.memo()
+
+    def memo(self) -> _CutMemo | None:
+        """What this run's marker made, in the form a matching run reuses; worked out when one
+        first asks (a step that never repeats pays nothing for it)."""
+        if self._made is not None:
+            self._memo, self._made, self.nodes = self._cut_memo(*self._made), None, []
+        return self._memo
 
     def remember(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> None:
         """Keep what the marker made of this run, for the next run that matches it."""
         memo = self._matched_memo()
         if memo is not None and key.key == memo.key.key and cut.graph.wiring is memo.wiring:  # made from it
-            self.memo = memo if key is memo.key else dataclasses.replace(memo, key=key, labels=[
+            self._memo = memo if key is memo.key else dataclasses.replace(memo, key=key, labels=[
                 p.label for p in cut.graph.params])
         else:
-            self.memo = self._cut_memo(cut, planned, flags, key)
+            self._made = (cut, planned, flags, key)
 
     def release(self) -> None:
-        """After its sync: drop what only the sync needed (this step's nodes and buffers)."""
-        self.nodes, self.inputs, self.expected = [], {}, None
+        """After its sync: drop what only the sync needed (its nodes are kept while `memo` needs them)."""
+        self.inputs, self.expected = {}, None
+        if self._made is None:
+            self.nodes = []
 
     def _cut_memo(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> _CutMemo | None:
         graph = cut.graph

@@ -37,7 +37,16 @@ def summary_lines(record: StepRecord, name: str | None) -> list[str]:
              f"  graph: {record.num_nodes} nodes, {record.num_inputs} inputs, {record.num_outputs} outputs"]
     if record.source:
         lines.append(f"  at {record.source}")
+    if record.replay is not None and (record.replay.replayed or record.replay.recorded):
+        lines.append(f"  recording: {replay_line(record)}")
     return lines
+
+
+def replay_line(record: StepRecord) -> str:
+    """'2000 ops replayed, 0 recorded' and, if it stopped matching, where (engine/tape.py)."""
+    replay = record.replay
+    line = f"{replay.replayed} ops replayed, {replay.recorded} recorded"
+    return f"{line}; {replay.why}" if replay.why else line
 
 
 def _header_html(record: StepRecord, name: str | None) -> str:
@@ -132,7 +141,9 @@ def cache_line(record: StepRecord) -> str:
 
 def timing_table(record: StepRecord) -> str:
     t = record.timings
-    rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)), ("lower", _ms(t.lower)),
+    rows = [("cache", cache_line(record)), ("trace", _ms(t.trace)),
+            *([("recording", html.escape(replay_line(record)))] if record.replay is not None else []),
+            ("lower", _ms(t.lower)),
             ("compile", _ms(t.compile)), ("execute", _execute_ms(t)),
             ("executables cached", _known(record.cache_entries)),
             ("hit rate so far", _known(record.hit_rate, "{:.0%}"))]
