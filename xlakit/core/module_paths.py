@@ -111,11 +111,14 @@ def _module_left(module, args, output) -> None:
 
 
 def _optimizer_stepping(optimizer, args, kwargs) -> None:
-    _enter(optimizer, OPTIMIZER)
+    # under torch.compile the FX nodes' module stacks name the ops
+    if not torch.compiler.is_compiling():
+        _enter(optimizer, OPTIMIZER)
 
 
 def _optimizer_stepped(optimizer, args, kwargs) -> None:
-    _leave(optimizer)
+    if not torch.compiler.is_compiling():
+        _leave(optimizer)
 
 
 def forget_optimizer_steps() -> None:

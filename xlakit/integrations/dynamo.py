@@ -25,7 +25,7 @@ from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache
 from ..engine.executor import current
-from ..front import install
+from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 
 
@@ -116,6 +116,7 @@ def _to_lazy(t):
 
 def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     install.install()
+    dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
                            executables=0, splits=[], partition={}, replays=False)
     for graphs in _OPEN:
