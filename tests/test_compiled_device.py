@@ -106,3 +106,12 @@ def test_dynamo_starts_no_frame_in_xlakit_for_a_compiled_training_step(dev):
         assert_same(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
     assert log.xlakit_frames() == {}, log.frames
     assert not [m for m in log.messages if "recompile_limit" in m]
+
+
+def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
+    model = MLP().to(dev)
+    modules = torch.nn.modules.module
+    assert not modules._has_any_global_hook()  # xlakit's forward hooks are the modules' own
+    assert all(len(m._forward_pre_hooks) == 3 for m in model.modules())
+    torch.compile(model, backend="xlakit")(torch.randn(3, 8).to(dev))
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
