@@ -127,6 +127,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     _REPLAYS.add(replays)
 
     def run(*inputs):
+        _compute_pending(inputs)
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None:
@@ -140,6 +141,19 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _compute_pending(inputs) -> None:
+    """The graph runs on its inputs' device buffers: lazy inputs still pending (a compiled
+    forward inside a lazy step, optimizer state made at its first step) are computed
+    first, in one partial sync. Traced as part of the graph instead, they were computed
+    again, from their old inputs, at every replay."""
+    pending = [unwrap(t)._state for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+    for value in pending:
+        value.resolve()
+    pending = [value for value in pending if value.node is not None]
+    if pending:
+        current().sync(pending, trigger=Trigger.DYNAMO)
 
 
 def _signature(inputs) -> tuple:
