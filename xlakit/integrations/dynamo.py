@@ -125,6 +125,9 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     # as inputs, and XLA's executables are static: each new signature is traced again
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
     _REPLAYS.add(replays)
+    # a graph that draws random numbers (dropout) is traced at every call: its draws are
+    # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
+    draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
 
     def run(*inputs):
         _compute_pending(inputs)
@@ -133,7 +136,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
         if replay is not None:
             return replay(list(inputs))
         outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
-        if execution is not None and record.executables == 1 and not record.splits:
+        if execution is not None and record.executables == 1 and not record.splits and not draws:
             replay = _plan(*execution, placeholder_data, output_values)
             record.replays = replay is not None
             if replay is not None:
@@ -182,9 +185,9 @@ def _interpret(gm, inputs, record: CompiledGraph):
                 with sources.recorded_at(source):
                     value = node.target(*args, **kwargs)
                 # the graph was traced on host tensors: what its factories make on the
-                # host (e.g. the indices of a decomposed resize) moves where the graph runs
-                on_host = isinstance(value, torch.Tensor) and value.device != DEVICE
-                env[node.name] = _to_lazy(value) if on_host else value
+                # host (e.g. the indices of a decomposed resize) moves where the graph runs;
+                # a factory on the device makes a user's tensor: its LazyTensor goes on
+                env[node.name] = _to_lazy(value) if isinstance(value, torch.Tensor) else value
                 if len(steps) > executions_before:  # this node forced an execution: a split
                     record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
                 record.partition[node.name] = len(steps)
@@ -192,6 +195,9 @@ def _interpret(gm, inputs, record: CompiledGraph):
                 env[node.name] = _to_lazy(getattr(gm, node.target))
             elif node.op == "output":
                 outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
+        # only the graph's outputs are the executable's: every intermediate value still
+        # alive would be one more output (a GPT-2 forward returned 170, not 1)
+        env.clear()
         flat = list(_flatten(outputs))
         output_values = [_pending_or_data(o) for o in flat]
         lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
