@@ -125,7 +125,7 @@ def test_import_changes_nothing_global_in_torch_or_jax():
                     cc.get_executable_and_time, cc.put_executable_and_time,
                     torch._C._get_privateuse1_backend_name(), torch.nn.Module._apply,
                     torch.nn.Module.load_state_dict, torch.amp.autocast.__enter__,
-                    hasattr(torch, "lazy"), len(torch.nn.modules.module._global_forward_pre_hooks))
+                    hasattr(torch, "lazy"), len(torch.nn.modules.module._global_parameter_registration_hooks))
 
         before = state()
         import xlakit

@@ -1,6 +1,7 @@
 """Which module recorded an op: the module path the graph view groups nodes by.
 
-torch's global module hooks keep a stack of the modules being called; a
+Forward hooks on the modules whose tensors are on the device (front/modules.py
+registers them) keep a stack of the modules being called; a
 module's path is the name the outermost one's `named_modules()` gives it
 ("model.layers.3.self_attn"), "" for the outermost itself and outside every
 module. An optimizer's step is "optimizer". An op a backward pass records is
@@ -119,24 +120,27 @@ def _leave(owner) -> None:
             return
 
 
-def _module_entered(module, args) -> None:
+def module_entered(module, args) -> None:
     if torch.compiler.is_compiling():
         return
     entries = _STACK.entries
     _enter(module, _name(entries[0][0], module, entries[-1][1]) if entries else "")
 
 
-def _module_left(module, args, output) -> None:
+def module_left(module, args, output) -> None:
     if not torch.compiler.is_compiling():
         _leave(module)
 
 
 def _optimizer_stepping(optimizer, args, kwargs) -> None:
-    _enter(optimizer, OPTIMIZER)
+    # under torch.compile the FX nodes' module stacks name the ops
+    if not torch.compiler.is_compiling():
+        _enter(optimizer, OPTIMIZER)
 
 
 def _optimizer_stepped(optimizer, args, kwargs) -> None:
-    _leave(optimizer)
+    if not torch.compiler.is_compiling():
+        _leave(optimizer)
 
 
 def forget_optimizer_steps() -> None:
@@ -146,10 +150,7 @@ def forget_optimizer_steps() -> None:
 
 
 def install() -> None:
-    from torch.nn.modules import module
     from torch.optim import optimizer
 
-    module.register_module_forward_pre_hook(_module_entered)
-    module.register_module_forward_hook(_module_left, always_call=True)
     optimizer.register_optimizer_step_pre_hook(_optimizer_stepping)
     optimizer.register_optimizer_step_post_hook(_optimizer_stepped)

@@ -171,7 +171,7 @@ def _autocast_exit(self, *exc):
 _OTHER_DEVICE = "autocast for another device type"  # its warning's entry in _WARNED
 
 
-def _on_forward(module: torch.nn.Module, args) -> None:
+def warn_other_device_type(module: torch.nn.Module, args) -> None:
     """Autocast for another device type ("cuda", "xla") leaves lazy tensors alone: say so once."""
     if (_OTHER_DEVICE in _WARNED or not torch._C._is_any_autocast_enabled() or torch.is_autocast_enabled("cpu")
             or torch.compiler.is_compiling()):
@@ -188,4 +188,3 @@ def _on_forward(module: torch.nn.Module, args) -> None:
 def install() -> None:
     """Autocast regions of device type "cpu" cast lazy tensors; other device types warn."""
     autocast.__enter__, autocast.__exit__ = _autocast_enter, _autocast_exit
-    torch.nn.modules.module.register_module_forward_pre_hook(_on_forward)

@@ -11,7 +11,7 @@ import warnings
 import jax
 
 from ..engine import cache
-from . import autocast, device_module, functionalization, labels, modules, serialization
+from . import autocast, device_module, dynamo_frames, fake_tensors, functionalization, labels, modules, serialization
 
 _LOCK = threading.Lock()
 _INSTALLED = False
@@ -36,4 +36,6 @@ def install() -> None:
         labels.install()
         autocast.install()
         serialization.install()
+        dynamo_frames.install()
+        fake_tensors.install()
         _INSTALLED = True

@@ -48,6 +48,8 @@ def _stamp_labels() -> None:
 
 
 def _label_optimizer_state(optimizer, args, kwargs) -> None:
+    if torch.compiler.is_compiling():  # Dynamo inlines this hook: nothing to trace
+        return
     for group in optimizer.param_groups:
         for p in group["params"]:
             owner = _NAMES.get(p)

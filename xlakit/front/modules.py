@@ -1,13 +1,20 @@
 """What xlakit does for nn.Modules whose tensors are on the lazy device: keeps
 shared parameters and buffers shared when they move there, moves a Parameter
-by `p.data = ...`, lets torch's gradient clipping use foreach ops there, and,
-the first time each module runs, names their parameters and buffers (for step
-records) and keeps their gradients free of view bases."""
+by `p.data = ...`, lets torch's gradient clipping use foreach ops there, and
+hooks each such module (and its submodules): the first time it runs, its
+parameters and buffers are named (for step records) and its gradients kept
+free of view bases; each call enters its module path (core/module_paths.py).
+
+The hooks are the module's own, not global ones: torch.compile(module) warns
+that global hooks fire once more for its wrapper, and Dynamo cannot go straight
+to a module's forward while any global hook exists. A module gets them when its
+tensors move to the device (`.to`, `load_state_dict`), when a device tensor is
+registered on it (a module built on the device), and when it is registered in
+a hooked module or a hooked module in it."""
 from __future__ import annotations
 
 import functools
 import threading
-import warnings
 import weakref
 
 import torch
@@ -16,7 +23,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..core import module_paths
 from ..engine.executor import current
-from . import labels
+from . import autocast, labels
 from .recorder import DEVICE
 
 _SEEN: weakref.WeakSet = weakref.WeakSet()  # not ids: ids of dead modules are reused
@@ -36,6 +43,11 @@ def _rebase_grad(param: torch.Tensor) -> None:
             param.grad = param.grad.clone()
 
 
+def _rebase_grads_of(param: torch.Tensor) -> None:
+    if isinstance(param, torch.nn.Parameter) and param.requires_grad and param not in _REBASED:
+        _REBASED[param] = param.register_post_accumulate_grad_hook(_rebase_grad)
+
+
 def _on_first_forward(module: torch.nn.Module, args) -> None:
     # The outermost module runs its pre-hook first, so names are relative to it.
     if torch.compiler.is_compiling() or module in _SEEN:
@@ -45,8 +57,41 @@ def _on_first_forward(module: torch.nn.Module, args) -> None:
         if t.device != DEVICE:
             continue
         labels.name_if_unnamed(t, name)
-        if isinstance(t, torch.nn.Parameter) and t.requires_grad and t not in _REBASED:
-            _REBASED[t] = t.register_post_accumulate_grad_hook(_rebase_grad)
+        _rebase_grads_of(t)
+
+
+# -- the hooks of modules on the device -------------------------------------------
+def _hooked(module: torch.nn.Module) -> bool:
+    return any(hook is _on_first_forward for hook in module._forward_pre_hooks.values())
+
+
+def hook(module: torch.nn.Module) -> None:
+    """Give `module` and its submodules xlakit's forward hooks (once each; a deep copy
+    of a hooked module has them already)."""
+    for m in module.modules():
+        if not _hooked(m):
+            m.register_forward_pre_hook(_on_first_forward)
+            m.register_forward_pre_hook(module_paths.module_entered)
+            m.register_forward_hook(module_paths.module_left, always_call=True)
+            m.register_forward_pre_hook(autocast.warn_other_device_type)
+
+
+def _hook_if_on_device(module: torch.nn.Module) -> None:
+    if any(t.device == DEVICE for _, _, t in _slots(module)):
+        hook(module)
+
+
+def _on_tensor_registered(module: torch.nn.Module, name: str, t) -> None:
+    # a Parameter or buffer made on the device (nn.Linear(..., device=dev)) is registered
+    if isinstance(t, torch.Tensor) and t.device == DEVICE and not torch.compiler.is_compiling():
+        hook(module)
+
+
+def _on_module_registered(parent: torch.nn.Module, name: str, child) -> None:
+    if isinstance(child, torch.nn.Module) and not torch.compiler.is_compiling() and (
+            _hooked(parent) or _hooked(child)):
+        hook(parent)
+        hook(child)  # not in the parent's modules yet
 
 
 
@@ -85,6 +130,7 @@ def _load_state_dict(load):
         before = _slots(self)
         result = load(self, *args, **kwargs)
         _retie(before)
+        _hook_if_on_device(self)
         return result
     return wrapper
 
@@ -110,6 +156,7 @@ def _apply(apply):
         finally:
             _MOVING.active = False
         _retie(before)
+        _hook_if_on_device(self)
         return result
     return wrapper
 
@@ -143,6 +190,8 @@ def _set_data(param: torch.Tensor, new: torch.Tensor) -> None:
                            f"to {new.device} ({e}). Move its module instead (module.to(...)), or make a new "
                            "Parameter: torch.nn.Parameter(p.data.to(...)).") from e
     param.__dict__ = attributes  # swap_tensors swaps these too; set_data keeps them
+    if param.device == DEVICE:  # its module may never be hooked: its gradients are rebased all the same
+        _rebase_grads_of(param)
 
 
 # -- foreach on the lazy device ---------------------------------------------------------
@@ -157,12 +206,13 @@ def _with_lazy(devices):
 
 
 def install() -> None:
-    """Name and rebase parameters at a module's first forward; keep shared tensors shared;
-    name each op by the module that records it; move Parameters by `.data`; foreach for clipping."""
-    # torch.compile warns that global module hooks fire once more for its wrapper
-    # module; ours is idempotent, so that is harmless.
-    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
-    torch.nn.modules.module.register_module_forward_pre_hook(_on_first_forward)
+    """Hook modules whose tensors are on the device (names, rebased gradients, module paths);
+    keep shared tensors shared; move Parameters by `.data`; foreach for clipping."""
+    from torch.nn.modules import module
+
+    module.register_module_parameter_registration_hook(_on_tensor_registered)
+    module.register_module_buffer_registration_hook(_on_tensor_registered)
+    module.register_module_module_registration_hook(_on_module_registered)
     module_paths.install()
     current().before_step.append(module_paths.forget_optimizer_steps)
     torch.nn.Module._apply = _apply(torch.nn.Module._apply)

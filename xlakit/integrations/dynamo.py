@@ -25,7 +25,7 @@ from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache
 from ..engine.executor import current
-from ..front import install
+from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
 
 
@@ -116,6 +116,7 @@ def _to_lazy(t):
 
 def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     install.install()
+    dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
                            executables=0, splits=[], partition={}, replays=False)
     for graphs in _OPEN:
@@ -124,14 +125,18 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     # as inputs, and XLA's executables are static: each new signature is traced again
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
     _REPLAYS.add(replays)
+    # a graph that draws random numbers (dropout) is traced at every call: its draws are
+    # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
+    draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
 
     def run(*inputs):
+        _compute_pending(inputs)
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None:
             return replay(list(inputs))
         outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
-        if execution is not None and record.executables == 1 and not record.splits:
+        if execution is not None and record.executables == 1 and not record.splits and not draws:
             replay = _plan(*execution, placeholder_data, output_values)
             record.replays = replay is not None
             if replay is not None:
@@ -139,6 +144,19 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _compute_pending(inputs) -> None:
+    """The graph runs on its inputs' device buffers: lazy inputs still pending (a compiled
+    forward inside a lazy step, optimizer state made at its first step) are computed
+    first, in one partial sync. Traced as part of the graph instead, they were computed
+    again, from their old inputs, at every replay."""
+    pending = [unwrap(t)._state for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+    for value in pending:
+        value.resolve()
+    pending = [value for value in pending if value.node is not None]
+    if pending:
+        current().sync(pending, trigger=Trigger.DYNAMO)
 
 
 def _signature(inputs) -> tuple:
@@ -167,9 +185,9 @@ def _interpret(gm, inputs, record: CompiledGraph):
                 with sources.recorded_at(source):
                     value = node.target(*args, **kwargs)
                 # the graph was traced on host tensors: what its factories make on the
-                # host (e.g. the indices of a decomposed resize) moves where the graph runs
-                on_host = isinstance(value, torch.Tensor) and value.device != DEVICE
-                env[node.name] = _to_lazy(value) if on_host else value
+                # host (e.g. the indices of a decomposed resize) moves where the graph runs;
+                # a factory on the device makes a user's tensor: its LazyTensor goes on
+                env[node.name] = _to_lazy(value) if isinstance(value, torch.Tensor) else value
                 if len(steps) > executions_before:  # this node forced an execution: a split
                     record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
                 record.partition[node.name] = len(steps)
@@ -177,6 +195,9 @@ def _interpret(gm, inputs, record: CompiledGraph):
                 env[node.name] = _to_lazy(getattr(gm, node.target))
             elif node.op == "output":
                 outputs = torch.fx.node.map_arg(node.args[0], lambda n: env[n.name])
+        # only the graph's outputs are the executable's: every intermediate value still
+        # alive would be one more output (a GPT-2 forward returned 170, not 1)
+        env.clear()
         flat = list(_flatten(outputs))
         output_values = [_pending_or_data(o) for o in flat]
         lazy = [o._state for o in flat if isinstance(o, LazyTensor)]

@@ -1,0 +1,226 @@
+"""torch.compile of models whose parameters live on xlakit's device: Dynamo never
+starts a frame in xlakit's code, values equal eager's."""
+import collections
+import contextlib
+import copy
+import logging
+import os
+
+import pytest
+import torch
+from conftest import assert_same
+
+import xlakit
+
+_XLAKIT_DIR = os.path.dirname(xlakit.__file__) + os.sep
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class DynamoLog:
+    """What Dynamo logged: the files of the frames it started compiling, and every message."""
+
+    def __init__(self):
+        self.frames: collections.Counter = collections.Counter()
+        self.messages: list[str] = []
+
+    def xlakit_frames(self) -> dict:
+        return {file: n for file, n in self.frames.items() if file.startswith(_XLAKIT_DIR)}
+
+
+class _Handler(logging.Handler):
+    def __init__(self, log: DynamoLog):
+        super().__init__(logging.DEBUG)
+        self.log = log
+
+    def emit(self, record):
+        if record.msg.startswith("torchdynamo start compiling"):  # (name, file, line, ...)
+            self.log.frames[record.args[1]] += 1
+        self.log.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def dynamo_log():
+    """Dynamo's log at DEBUG, captured instead of printed."""
+    logger = logging.getLogger("torch._dynamo")
+    log = DynamoLog()
+    level, handlers = logger.level, logger.handlers[:]
+    logger.handlers = [_Handler(log)]
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield log
+    finally:
+        logger.handlers, logger.level = handlers, level
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+def test_dynamo_starts_no_frame_in_xlakit_for_a_compiled_forward(dev):
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(dev)
+    compiled = torch.compile(model, backend="xlakit")
+    x = torch.randn(3, 8)
+    with dynamo_log() as log:
+        for _ in range(2):
+            got = compiled(x.to(dev))
+    assert_same(got.detach(), eager(x).detach())
+    assert log.xlakit_frames() == {}, log.frames
+    assert sum(log.frames.values()) == 1, log.frames  # the model's forward, once
+    assert not [m for m in log.messages if "recompile_limit" in m]
+
+
+def test_dynamo_starts_no_frame_in_xlakit_for_a_compiled_training_step(dev):
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(dev)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=0.01) for m in (eager, model)]
+
+    def step(model, optimizer, x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    compiled = torch.compile(step, backend="xlakit")
+    x, y = torch.randn(3, 8), torch.randn(3, 4)
+    with dynamo_log() as log:
+        for _ in range(3):
+            got = compiled(model, optimizers[1], x.to(dev), y.to(dev))
+            want = step(eager, optimizers[0], x, y)
+            assert_same(got.detach(), want.detach(), atol=1e-6, rtol=1e-5)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q.detach(), atol=1e-6, rtol=1e-5)
+    assert log.xlakit_frames() == {}, log.frames
+    assert not [m for m in log.messages if "recompile_limit" in m]
+
+
+def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
+    model = MLP().to(dev)
+    modules = torch.nn.modules.module
+    assert not modules._has_any_global_hook()  # xlakit's forward hooks are the modules' own
+    assert all(len(m._forward_pre_hooks) == 3 for m in model.modules())
+    torch.compile(model, backend="xlakit")(torch.randn(3, 8).to(dev))
+    assert not [w for w in recwarn if "global hooks" in str(w.message)]
+
+
+# -- compiled inference and training steps against eager ------------------------------
+# test_modules.py's and test_real_models.py's tolerances
+TOL = dict(rtol=2e-4, atol=2e-5)
+STEPS = 4
+
+
+def mlp(p):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(p), torch.nn.Linear(32, 4))
+    return model, (torch.randn(16, 8),), torch.randn(16, 4), torch.nn.functional.mse_loss
+
+
+def cnn(p):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Conv2d(8, 8, 3, bias=False), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Dropout(p), torch.nn.Linear(8, 4))
+    return model, (torch.randn(4, 3, 12, 12),), torch.randint(0, 4, (4,)), torch.nn.functional.cross_entropy
+
+
+def gpt2(p):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+                                  resid_pdrop=p, embd_pdrop=p, attn_pdrop=p)
+    ids = torch.randint(0, 64, (2, 8))
+
+    def loss(logits, labels):
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 64), labels[:, 1:].reshape(-1))
+    return _Logits(transformers.GPT2LMHeadModel(cfg)), (ids,), ids, loss
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        # no cache: its lazy initialization, torch.tensor([], device=...), cannot be faked on this device
+        return self.model(input_ids=ids, use_cache=False).logits
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "gpt2": gpt2}
+OPTIMIZERS = {
+    # eps 1e-6: see test_real_models.py (a zero true gradient is rounding noise, which Adam amplifies)
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, eps=1e-6),
+    "sgd_momentum": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
+}
+
+
+def _to(value, dev):
+    return tuple(v.to(dev) for v in value) if isinstance(value, tuple) else value.to(dev)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_compiled_inference_matches_eager(dev, name):
+    torch.manual_seed(0)
+    eager, inputs, _, _ = MODELS[name](0.0)
+    eager.eval()
+    model = copy.deepcopy(eager).to(dev)
+    compiled = torch.compile(model, backend="xlakit")
+    with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        for _ in range(STEPS):
+            before = len(xlakit.steps())
+            with torch.no_grad():
+                got = compiled(*_to(inputs, dev))
+            records = xlakit.steps()[before:]
+            assert_same(got, eager(*inputs).detach(), **TOL)
+    assert log.xlakit_frames() == {}
+    assert sum(log.frames.values()) == 1 and len(graphs) == 1, (log.frames, graphs)  # one frame, one graph
+    # each later call: one execution of the graph's executable on the device buffers
+    assert [(r.trigger, r.cache) for r in records] == [("dynamo", "hit")]
+    assert records[0].num_inputs > len(list(model.parameters()))  # the parameters are inputs, not constants
+    assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]
+
+
+def train_step(model, optimizer, inputs, target, loss_fn):
+    loss = loss_fn(model(*inputs), target)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
+@pytest.mark.parametrize("opt_name", OPTIMIZERS)
+@pytest.mark.parametrize("name", MODELS)
+def test_compiled_training_step_matches_eager(dev, name, opt_name):
+    dropout = 0.1 if name != "gpt2" else 0.0
+    torch.manual_seed(0)
+    eager, inputs, target, loss_fn = MODELS[name](dropout)
+    model = copy.deepcopy(eager).to(dev)
+    eager_opt, opt = OPTIMIZERS[opt_name](eager.parameters()), OPTIMIZERS[opt_name](model.parameters())
+    compiled = torch.compile(train_step, backend="xlakit")
+    frames = []
+    with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        for step in range(STEPS):
+            torch.manual_seed(step)  # dropout draws the same masks in both
+            got = compiled(model, opt, _to(inputs, dev), target.to(dev), loss_fn)
+            torch.manual_seed(step)
+            want = train_step(eager, eager_opt, inputs, target, loss_fn)
+            assert_same(got.detach(), want.detach(), **TOL)
+            frames.append(sum(log.frames.values()))
+    for (n, p), q in zip(model.state_dict().items(), eager.state_dict().values()):
+        assert_same(p, q, **TOL), n  # parameters and BatchNorm's running statistics
+    assert log.xlakit_frames() == {}
+    assert frames[1] == frames[-1], frames  # no recompile after the first step
+    assert len(graphs) >= 3, graphs  # forward, backward, optimizer step
+    assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]
