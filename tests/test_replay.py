@@ -6,7 +6,6 @@ saying where replay stopped.
 import os
 
 import hypothesis
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
