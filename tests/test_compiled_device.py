@@ -187,7 +187,7 @@ def test_compiled_inference_matches_eager(dev, name):
     assert log.xlakit_frames() == {}
     assert sum(log.frames.values()) == 1 and len(graphs) == 1, (log.frames, graphs)  # one frame, one graph
     # each later call: one execution of the graph's executable on the device buffers
-    assert [(r.trigger, r.cache) for r in records] == [("dynamo", "hit")]
+    assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")]
     assert records[0].num_inputs > len(list(model.parameters()))  # the parameters are inputs, not constants
     assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]
 
@@ -203,7 +203,9 @@ def train_step(model, optimizer, inputs, target, loss_fn):
 @pytest.mark.parametrize("opt_name", OPTIMIZERS)
 @pytest.mark.parametrize("name", MODELS)
 def test_compiled_training_step_matches_eager(dev, name, opt_name):
-    dropout = 0.1 if name != "gpt2" else 0.0
+    # dropout in the MLP; none in the CNN, whose forward graph then replays and donates BatchNorm's
+    # statistics (a graph that draws dropout masks is traced at every call, on the lazy path)
+    dropout = 0.1 if name == "mlp" else 0.0
     torch.manual_seed(0)
     eager, inputs, target, loss_fn = MODELS[name](dropout)
     model = copy.deepcopy(eager).to(dev)
@@ -213,7 +215,9 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
         for step in range(STEPS):
             torch.manual_seed(step)  # dropout draws the same masks in both
+            before = len(xlakit.steps())
             got = compiled(model, opt, _to(inputs, dev), target.to(dev), loss_fn)
+            records = xlakit.steps()[before:]
             torch.manual_seed(step)
             want = train_step(eager, eager_opt, inputs, target, loss_fn)
             assert_same(got.detach(), want.detach(), **TOL)
@@ -223,4 +227,9 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     assert log.xlakit_frames() == {}
     assert frames[1] == frames[-1], frames  # no recompile after the first step
     assert len(graphs) >= 3, graphs  # forward, backward, optimizer step
+    # the last step: each graph one executable; what it updates in place is donated: parameters,
+    # momentum or both moments (AdamW's step counts live on the host), BatchNorm's statistics
+    assert {r.trigger for r in records} <= {"compiled", "dynamo"} and all(r.cache == "hit" for r in records)
+    state = len(list(model.parameters())) * (2 if opt_name == "sgd_momentum" else 3)
+    assert sum(len(r.donated) for r in records) == state + len(list(model.buffers())), records
     assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]

@@ -22,6 +22,7 @@ class Trigger(enum.StrEnum):
     SAVE = "save"             # xlakit.save()
     FALLBACK = "fallback"     # an op with no lowering ran eagerly and needed its inputs
     DYNAMO = "dynamo"         # the torch.compile backend
+    COMPILED = "compiled"     # a torch.compile graph's executable, run again on device buffers
 
 
 class Cache(enum.StrEnum):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import weakref
 
 import torch
@@ -23,7 +24,7 @@ from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
 from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
-from ..engine import cache
+from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
@@ -82,18 +83,34 @@ class _Replay:
 
     param_sources: per executable input, a placeholder position or a constant
     DeviceData; outputs: per FX output, (executable output index, aval), an
-    input position (passed through), or None.
+    input position (passed through), or None. donating: the same executable with
+    the buffers of the inputs the graph updates in place donated, and `donors`,
+    its parameter positions -> placeholder positions (engine/compiled.py).
     """
 
-    def __init__(self, entry, param_sources: list, outputs: list):
+    def __init__(self, entry, param_sources: list, outputs: list, donating=None, donors: dict | None = None):
         self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
+        self.donating, self.donors = donating, donors or {}
 
     def __call__(self, inputs: list):
         arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
                   for src in self.param_sources]
-        results = current().replay(self.entry, arrays, trigger=Trigger.DYNAMO)
+        donated = self._donated(inputs)
+        results = compiled.run(current(), self.donating if donated else self.entry, arrays, donated)
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
+
+    def _donated(self, inputs: list) -> dict:
+        """The buffers to donate at this call: all of the updated inputs', or none when
+        one is still read elsewhere (another tensor, pending work, or twice in this call)."""
+        if self.donating is None or any(inputs[i].device != DEVICE for i in self.donors.values()):
+            return {}
+        buffers = {p: unwrap(inputs[i])._state.data for p, i in self.donors.items()}
+        fed = [id(unwrap(t)._state.data) for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+        if any(fed.count(id(b)) != 1 for b in buffers.values()) or \
+                not compiled.unshared(current(), list(buffers.values())):
+            return {}
+        return buffers
 
 
 def _device_array(t: torch.Tensor):
@@ -114,7 +131,7 @@ def _to_lazy(t):
     return from_host(t.detach())
 
 
-def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> callable:
     install.install()
     dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
@@ -128,6 +145,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     # a graph that draws random numbers (dropout) is traced at every call: its draws are
     # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
     draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
+    updated = _updated_inputs() if forward else []
 
     def run(*inputs):
         _compute_pending(inputs)
@@ -137,13 +155,26 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
             return replay(list(inputs))
         outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
         if execution is not None and record.executables == 1 and not record.splits and not draws:
-            replay = _plan(*execution, placeholder_data, output_values)
+            on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
+            replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
+                                                                         for i in updated])
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _updated_inputs() -> list[int | None]:
+    """Per output AOTAutograd's forward graph returns first, the position of the input
+    it is the new value of (AOTAutograd copies it in after the call), or None where
+    the update is not only of data (a resize, a new stride): no donation."""
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    if meta is None or getattr(meta, "tokens", None):  # effect tokens come before the inputs
+        return []
+    return [i if meta.input_info[i].mutates_data and not meta.input_info[i].mutates_metadata else None
+            for i in meta.mutated_inp_runtime_indices]
 
 
 def _compute_pending(inputs) -> None:
@@ -254,9 +285,10 @@ def _pending_or_data(o):
     return (state.node, state.index, state.aval) if state.node is not None else state.data
 
 
-def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
+def _plan(entry, graph, placeholder_data, output_values, updated: list) -> _Replay | None:
     """How to replay `entry` on new inputs, or None when an output is not one
-    of its results (an input passed through, or a value computed earlier)."""
+    of its results (an input passed through, or a value computed earlier).
+    `updated`: per first output, the device input it updates in place (_updated_inputs)."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
     sources = []
     for p in graph.params:
@@ -274,7 +306,14 @@ def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
             outputs.append(where[id(value)])  # an input passed through (saved for backward)
         else:
             return None
-    return _Replay(entry, sources, outputs)
+    parameter_of = {src: p for p, src in enumerate(sources) if isinstance(src, int)}
+    donors = {parameter_of[i]: i for i, out in zip(updated, outputs)
+              if i is not None and i in parameter_of and isinstance(out, tuple)
+              and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
+    if not donors:
+        return _Replay(entry, sources, outputs)
+    donating = compiled.donating(current(), graph, tuple(sorted(donors)))
+    return _Replay(entry, sources, outputs, donating, donors)
 
 
 def _flatten(value):
@@ -298,7 +337,8 @@ def _outputs_like(outputs, inputs):
     return convert(outputs)
 
 
-xlakit_backend = aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)
+xlakit_backend = aot_autograd(fw_compiler=functools.partial(_compile_fx, forward=True),
+                              bw_compiler=functools.partial(_compile_fx, forward=False))
 
 
 def _register() -> None:
