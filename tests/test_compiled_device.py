@@ -189,6 +189,9 @@ def test_compiled_inference_matches_eager(dev, name):
     # each later call: one execution of the graph's executable on the device buffers
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")]
     assert records[0].num_inputs > len(list(model.parameters()))  # the parameters are inputs, not constants
+    # nodes are named by the module that ran them, as on the lazy path
+    modules = {n.module for n in records[0].graph.nodes}
+    assert {"model.transformer.h.1.attn", "model.lm_head"} <= modules if name == "gpt2" else {"0", "3"} <= modules
     assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]
 
 
@@ -230,6 +233,8 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     # the last step: each graph one executable; what it updates in place is donated: parameters,
     # momentum or both moments (AdamW's step counts live on the host), BatchNorm's statistics
     assert {r.trigger for r in records} <= {"compiled", "dynamo"} and all(r.cache == "hit" for r in records)
+    modules = {n.module for r in records for n in r.graph.nodes}
+    assert {"0", "backward.0", "optimizer"} <= modules if name != "gpt2" else {"model.lm_head", "optimizer"} <= modules
     state = len(list(model.parameters())) * (2 if opt_name == "sgd_momentum" else 3)
     assert sum(len(r.donated) for r in records) == state + len(list(model.buffers())), records
     assert not [m for m in log.messages if "meta converter" in m or "recompile_limit" in m]

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import os
+import re
 import weakref
 
 import torch
@@ -20,7 +22,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from ..core import sources, transfer
+from ..core import module_paths, sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
 from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
@@ -250,8 +252,10 @@ def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo
         elif node.op == "call_function":
             operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
             where[node.name] = Output(len(nodes), 0)
-            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=_user_line(node),
-                                  split=node.name in split_nodes, partition=record.partition.get(node.name, 0)))
+            source = _user_line(node)
+            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=source,
+                                  module=source.module if source else "", split=node.name in split_nodes,
+                                  partition=record.partition.get(node.name, 0)))
     outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
                     if isinstance(where.get(a.name), Output))
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
@@ -267,7 +271,8 @@ def _avals(value) -> tuple[str, ...]:
 
 def _user_line(node: torch.fx.Node) -> Source | None:
     """The user and library code an FX node came from, from Dynamo's stack trace
-    (none for a torch module's op: its frames are torch's and Dynamo's)."""
+    (none for a torch module's op: its frames are torch's and Dynamo's), and the
+    module path it ran in (_module_path)."""
     trace = node.meta.get("stack_trace") or ""
     frames = []
     for text in trace.splitlines():
@@ -275,7 +280,40 @@ def _user_line(node: torch.fx.Node) -> Source | None:
             filename, _, rest = text.strip().removeprefix('File "').partition('", line ')
             line, _, function = rest.partition(", in ")
             frames.append(Frame(filename, int(line), function))
-    return sources.of_traceback(frames)
+    found = sources.of_traceback(frames)
+    module = _module_path(node, trace)
+    if not module:
+        return found
+    return Source(found.user if found else None, found.library if found else None, module)
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "")
+
+
+def _module_path(node: torch.fx.Node, trace: str) -> str:
+    """The module path of an FX node as core/module_paths.py names it on the lazy path,
+    from Dynamo's module stack: "backward." before a backward node's forward module,
+    "optimizer" for an optimizer's step."""
+    stack = node.meta.get("nn_module_stack")
+    backward = stack is None and node.meta.get("partitioner_tag") == "is_backward"
+    if backward:
+        stack = node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        if backward:
+            return module_paths.BACKWARD
+        return module_paths.OPTIMIZER if _OPTIMIZER_FILE in trace else ""
+    path = _relative_path(list(stack.values())[-1][0])
+    if backward:
+        return f"{module_paths.BACKWARD}.{path}" if path else module_paths.BACKWARD
+    return path
+
+
+def _relative_path(expression: str) -> str:
+    """`L['self'].layers[0]._modules['mlp']` -> "layers.0.mlp": the path below the compiled
+    function's own variable (the compiled module itself, or a module it reads)."""
+    below = expression.split("]", 1)[1] if expression.startswith(("L[", "G[")) else expression
+    parts = re.findall(r"""\.(\w+)|\[['"]?([^'"\]]+)['"]?\]""", below)
+    return ".".join(a or b for a, b in parts if a != "_modules")
 
 
 def _pending_or_data(o):
