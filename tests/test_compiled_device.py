@@ -253,3 +253,14 @@ def test_inductors_fma_is_a_times_b_plus_c_rounded_once(dev):
     a, b, c = torch.randn(3, 256).unbind()
     got = torch.ops.prims.fma(a.to(dev), b.to(dev), c.to(dev))
     assert_same(got, (a.double() * b.double() + c.double()).float(), rtol=0, atol=0)
+
+
+def test_a_recompile_says_why_dynamo_and_the_key_differ(dev):
+    compiled = torch.compile(lambda x: (x * 2).sin(), backend="xlakit", dynamic=False)
+    for length in (3, 4):
+        x = torch.linspace(-1.0, 1.0, length)
+        with xlakit.capture() as steps:
+            assert_same(compiled(x.to(dev)), (x * 2).sin(), **TOL)
+    (miss,) = [r for r in steps if r.cache != "hit"]
+    assert "torch.compile recompiled" in miss.why[0] and "size mismatch" in miss.why[0], miss.why
+    assert any("f32[4]" in w for w in miss.why[1:]), miss.why  # xlakit's key diff: the input's shape

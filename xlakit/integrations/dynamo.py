@@ -24,7 +24,7 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ..core import module_paths, sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
-from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
+from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
 from ..engine.executor import current
@@ -148,6 +148,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
     # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
     draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
     updated = _updated_inputs() if forward else []
+    reason = _recompile_reason()
 
     def run(*inputs):
         _compute_pending(inputs)
@@ -155,7 +156,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
         replay = replays.get(signature)
         if replay is not None:
             return replay(list(inputs))
-        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
+        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
         if execution is not None and record.executables == 1 and not record.splits and not draws:
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
@@ -166,6 +167,17 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _recompile_reason() -> str:
+    """Why Dynamo compiles this frame again ("0/0: tensor 'x' size mismatch at index 0.
+    expected 3, actual 4"), or "" for its first compile."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    tx = getattr(torch._dynamo.symbolic_convert.tls, "current_tx", None)
+    if compile_id is None or not compile_id.frame_compile_id or tx is None:
+        return ""
+    failures = torch._dynamo.utils.guard_failures.get(tx.f_code)
+    return failures[-1] if failures else ""
 
 
 def _updated_inputs() -> list[int | None]:
@@ -198,10 +210,11 @@ def _signature(inputs) -> tuple:
     return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs)
 
 
-def _interpret(gm, inputs, record: CompiledGraph):
+def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     """Run the FX graph on lazy tensors. Returns its outputs, the last execution
     (entry, graph), the placeholders' device data, and each output's pending
-    value before that execution."""
+    value before that execution. `reason`: why Dynamo recompiled, put first in
+    the `why` of the execution's record when its executable is new."""
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
     env: dict = {}
@@ -235,6 +248,8 @@ def _interpret(gm, inputs, record: CompiledGraph):
         output_values = [_pending_or_data(o) for o in flat]
         lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
         execution = current().sync(lazy, trigger=Trigger.DYNAMO) if lazy else None
+        if reason and execution is not None and steps and steps[-1].cache != Cache.HIT:
+            current().log.revise(steps[-1], why=(f"torch.compile recompiled: {reason}", *steps[-1].why))
     record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
