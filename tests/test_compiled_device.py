@@ -264,3 +264,19 @@ def test_a_recompile_says_why_dynamo_and_the_key_differ(dev):
     (miss,) = [r for r in steps if r.cache != "hit"]
     assert "torch.compile recompiled" in miss.why[0] and "size mismatch" in miss.why[0], miss.why
     assert any("f32[4]" in w for w in miss.why[1:]), miss.why  # xlakit's key diff: the input's shape
+
+
+def test_a_compiled_forward_on_pending_lazy_values_matches_eager(dev):
+    torch.manual_seed(0)
+    eager = MLP()
+    model = copy.deepcopy(eager).to(dev)
+    compiled = torch.compile(model, backend="xlakit")
+    x = torch.randn(3, 8)
+    for step in range(1, 4):
+        # the input and the parameters are pending lazy values, not yet computed
+        with torch.no_grad():
+            for m in (model, eager):
+                for p in m.parameters():
+                    p.mul_(0.5)
+        got = compiled(x.to(dev) * step)
+        assert_same(got.detach(), eager(x * step).detach(), **TOL)
