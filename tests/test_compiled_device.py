@@ -280,3 +280,25 @@ def test_a_compiled_forward_on_pending_lazy_values_matches_eager(dev):
                     p.mul_(0.5)
         got = compiled(x.to(dev) * step)
         assert_same(got.detach(), eager(x * step).detach(), **TOL)
+
+
+def test_static_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    # tests/test_generation.py's model: weights wide enough that the tokens vary
+    config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
+                                     bos_token_id=99, eos_token_id=99, initializer_range=0.2)
+    torch.manual_seed(0)
+    eager = transformers.GPT2LMHeadModel(config).eval()
+    model = copy.deepcopy(eager).to(dev)
+    model.forward = torch.compile(model.forward, backend="xlakit")
+    ids = torch.tensor([[5, 17, 42, 8]])
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with dynamo_log() as log, xlakit.capture() as steps:
+        got = model.generate(ids.to(dev), **kwargs).cpu()
+    assert got.tolist() == eager.generate(ids, **kwargs).tolist()
+    assert log.xlakit_frames() == {} and not _failures(log)
+    # the later decode steps run the decode graph's executable, updating the key and value
+    # caches of both layers in their donated buffers
+    decodes = [r for r in steps if r.trigger == "compiled"]
+    assert len(decodes) >= 3 and all(len(r.donated) >= 4 for r in decodes), decodes
