@@ -3,10 +3,13 @@
 Each FX graph (aten-level, after AOTAutograd, so training works) is run once
 through the lazy engine. If it became exactly one executable with no eager
 fallback, later calls with the same input shapes, dtypes and Python ints
-replay that executable directly on the input buffers;
-otherwise (ops with no lowering, data-dependent syncs) it is interpreted
-lazily on every call, which splits it into several executables. Each split is
-recorded with its FX node, op, reason and user source line.
+replay that executable directly on the input buffers (a model on the device:
+its parameters' buffers, nothing copied), donating the buffers of the inputs
+the graph updates in place (engine/compiled.py);
+otherwise (ops with no lowering, data-dependent syncs, random draws) it is
+interpreted lazily on every call, which may split it into several executables.
+Each split is recorded with its FX node, op, reason and user source line, each
+node with the module path Dynamo's module stack gives it.
 """
 from __future__ import annotations
 
