@@ -178,7 +178,7 @@ def test_training_step_through_torch_compile_matches_eager():
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q)
     assert len(graphs) == 2 and all(g.replays and not g.splits for g in graphs)  # forward and backward
-    replays = [r for r in steps if r.trigger == "dynamo"][-2:]
+    replays = [r for r in steps if r.trigger == "compiled"][-2:]
     assert len(replays) == 2 and all(r.cache == "hit" and r.donated == () for r in replays)
 
 

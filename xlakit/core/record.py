@@ -22,6 +22,7 @@ class Trigger(enum.StrEnum):
     SAVE = "save"             # xlakit.save()
     FALLBACK = "fallback"     # an op with no lowering ran eagerly and needed its inputs
     DYNAMO = "dynamo"         # the torch.compile backend
+    COMPILED = "compiled"     # a torch.compile graph's executable, run again on device buffers
 
 
 class Cache(enum.StrEnum):
@@ -275,6 +276,18 @@ class StepLog:
         self.next_index += 1
         for steps in self._threads.open:
             steps.append(record)
+
+    def revise(self, record: StepRecord, **changes) -> StepRecord:
+        """Replace the newest record, this thread's, by a copy with `changes` (torch.compile's
+        backend adds Dynamo's recompile reason to a miss's `why`); returns the copy."""
+        if not self.records or self.records[-1] is not record:
+            raise ValueError(f"record #{record.index} is not the newest")
+        revised = dataclasses.replace(record, **changes)
+        self.records[-1] = revised
+        for steps in self._threads.open:
+            if steps and steps[-1] is record:
+                steps[-1] = revised
+        return revised
 
     def clear(self) -> None:
         """Forget the kept records; numbering goes on, open captures keep theirs."""

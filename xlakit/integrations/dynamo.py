@@ -3,15 +3,21 @@
 Each FX graph (aten-level, after AOTAutograd, so training works) is run once
 through the lazy engine. If it became exactly one executable with no eager
 fallback, later calls with the same input shapes, dtypes and Python ints
-replay that executable directly on the input buffers;
-otherwise (ops with no lowering, data-dependent syncs) it is interpreted
-lazily on every call, which splits it into several executables. Each split is
-recorded with its FX node, op, reason and user source line.
+replay that executable directly on the input buffers (a model on the device:
+its parameters' buffers, nothing copied), donating the buffers of the inputs
+the graph updates in place (engine/compiled.py);
+otherwise (ops with no lowering, data-dependent syncs, random draws) it is
+interpreted lazily on every call, which may split it into several executables.
+Each split is recorded with its FX node, op, reason and user source line, each
+node with the module path Dynamo's module stack gives it.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import os
+import re
 import weakref
 
 import torch
@@ -19,11 +25,11 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
-from ..core import sources, transfer
+from ..core import module_paths, sources, transfer
 from ..core.ir import Aval, DeviceData, Frame, Source
-from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
+from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
-from ..engine import cache
+from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
@@ -82,18 +88,34 @@ class _Replay:
 
     param_sources: per executable input, a placeholder position or a constant
     DeviceData; outputs: per FX output, (executable output index, aval), an
-    input position (passed through), or None.
+    input position (passed through), or None. donating: the same executable with
+    the buffers of the inputs the graph updates in place donated, and `donors`,
+    its parameter positions -> placeholder positions (engine/compiled.py).
     """
 
-    def __init__(self, entry, param_sources: list, outputs: list):
+    def __init__(self, entry, param_sources: list, outputs: list, donating=None, donors: dict | None = None):
         self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
+        self.donating, self.donors = donating, donors or {}
 
     def __call__(self, inputs: list):
         arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
                   for src in self.param_sources]
-        results = current().replay(self.entry, arrays, trigger=Trigger.DYNAMO)
+        donated = self._donated(inputs)
+        results = compiled.run(current(), self.donating if donated else self.entry, arrays, donated)
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
+
+    def _donated(self, inputs: list) -> dict:
+        """The buffers to donate at this call: all of the updated inputs', or none when
+        one is still read elsewhere (another tensor, pending work, or twice in this call)."""
+        if self.donating is None or any(inputs[i].device != DEVICE for i in self.donors.values()):
+            return {}
+        buffers = {p: unwrap(inputs[i])._state.data for p, i in self.donors.items()}
+        fed = [id(unwrap(t)._state.data) for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+        if any(fed.count(id(b)) != 1 for b in buffers.values()) or \
+                not compiled.unshared(current(), list(buffers.values())):
+            return {}
+        return buffers
 
 
 def _device_array(t: torch.Tensor):
@@ -114,7 +136,7 @@ def _to_lazy(t):
     return from_host(t.detach())
 
 
-def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> callable:
     install.install()
     dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
@@ -128,6 +150,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
     # a graph that draws random numbers (dropout) is traced at every call: its draws are
     # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
     draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
+    updated = _updated_inputs() if forward else []
+    reason = _recompile_reason()
 
     def run(*inputs):
         _compute_pending(inputs)
@@ -135,15 +159,39 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs) -> callable:
         replay = replays.get(signature)
         if replay is not None:
             return replay(list(inputs))
-        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record)
+        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
         if execution is not None and record.executables == 1 and not record.splits and not draws:
-            replay = _plan(*execution, placeholder_data, output_values)
+            on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
+            replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
+                                                                         for i in updated])
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
         return _outputs_like(outputs, inputs)
 
     return make_boxed_func(run)
+
+
+def _recompile_reason() -> str:
+    """Why Dynamo compiles this frame again ("0/0: tensor 'x' size mismatch at index 0.
+    expected 3, actual 4"), or "" for its first compile."""
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    tx = getattr(torch._dynamo.symbolic_convert.tls, "current_tx", None)
+    if compile_id is None or not compile_id.frame_compile_id or tx is None:
+        return ""
+    failures = torch._dynamo.utils.guard_failures.get(tx.f_code)
+    return failures[-1] if failures else ""
+
+
+def _updated_inputs() -> list[int | None]:
+    """Per output AOTAutograd's forward graph returns first, the position of the input
+    it is the new value of (AOTAutograd copies it in after the call), or None where
+    the update is not only of data (a resize, a new stride): no donation."""
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    if meta is None or getattr(meta, "tokens", None):  # effect tokens come before the inputs
+        return []
+    return [i if meta.input_info[i].mutates_data and not meta.input_info[i].mutates_metadata else None
+            for i in meta.mutated_inp_runtime_indices]
 
 
 def _compute_pending(inputs) -> None:
@@ -165,10 +213,11 @@ def _signature(inputs) -> tuple:
     return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs)
 
 
-def _interpret(gm, inputs, record: CompiledGraph):
+def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     """Run the FX graph on lazy tensors. Returns its outputs, the last execution
     (entry, graph), the placeholders' device data, and each output's pending
-    value before that execution."""
+    value before that execution. `reason`: why Dynamo recompiled, put first in
+    the `why` of the execution's record when its executable is new."""
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
     env: dict = {}
@@ -202,6 +251,8 @@ def _interpret(gm, inputs, record: CompiledGraph):
         output_values = [_pending_or_data(o) for o in flat]
         lazy = [o._state for o in flat if isinstance(o, LazyTensor)]
         execution = current().sync(lazy, trigger=Trigger.DYNAMO) if lazy else None
+        if reason and execution is not None and steps and steps[-1].cache != Cache.HIT:
+            current().log.revise(steps[-1], why=(f"torch.compile recompiled: {reason}", *steps[-1].why))
     record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
@@ -219,8 +270,10 @@ def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo
         elif node.op == "call_function":
             operands = tuple(where[a.name] for a in node.all_input_nodes if a.name in where)
             where[node.name] = Output(len(nodes), 0)
-            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=_user_line(node),
-                                  split=node.name in split_nodes, partition=record.partition.get(node.name, 0)))
+            source = _user_line(node)
+            nodes.append(NodeInfo(op=str(node.target), operands=operands, avals=avals, source=source,
+                                  module=source.module if source else "", split=node.name in split_nodes,
+                                  partition=record.partition.get(node.name, 0)))
     outputs = tuple(where[a.name] for a in gm.graph.output_node().all_input_nodes
                     if isinstance(where.get(a.name), Output))
     return GraphInfo(nodes=tuple(nodes), params=tuple(params), roots=outputs)
@@ -236,7 +289,8 @@ def _avals(value) -> tuple[str, ...]:
 
 def _user_line(node: torch.fx.Node) -> Source | None:
     """The user and library code an FX node came from, from Dynamo's stack trace
-    (none for a torch module's op: its frames are torch's and Dynamo's)."""
+    (none for a torch module's op: its frames are torch's and Dynamo's), and the
+    module path it ran in (_module_path)."""
     trace = node.meta.get("stack_trace") or ""
     frames = []
     for text in trace.splitlines():
@@ -244,7 +298,40 @@ def _user_line(node: torch.fx.Node) -> Source | None:
             filename, _, rest = text.strip().removeprefix('File "').partition('", line ')
             line, _, function = rest.partition(", in ")
             frames.append(Frame(filename, int(line), function))
-    return sources.of_traceback(frames)
+    found = sources.of_traceback(frames)
+    module = _module_path(node, trace)
+    if not module:
+        return found
+    return Source(found.user if found else None, found.library if found else None, module)
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "")
+
+
+def _module_path(node: torch.fx.Node, trace: str) -> str:
+    """The module path of an FX node as core/module_paths.py names it on the lazy path,
+    from Dynamo's module stack: "backward." before a backward node's forward module,
+    "optimizer" for an optimizer's step."""
+    stack = node.meta.get("nn_module_stack")
+    backward = stack is None and node.meta.get("partitioner_tag") == "is_backward"
+    if backward:
+        stack = node.meta.get("fwd_nn_module_stack")
+    if not stack:
+        if backward:
+            return module_paths.BACKWARD
+        return module_paths.OPTIMIZER if _OPTIMIZER_FILE in trace else ""
+    path = _relative_path(list(stack.values())[-1][0])
+    if backward:
+        return f"{module_paths.BACKWARD}.{path}" if path else module_paths.BACKWARD
+    return path
+
+
+def _relative_path(expression: str) -> str:
+    """`L['self'].layers[0]._modules['mlp']` -> "layers.0.mlp": the path below the compiled
+    function's own variable (the compiled module itself, or a module it reads)."""
+    below = expression.split("]", 1)[1] if expression.startswith(("L[", "G[")) else expression
+    parts = re.findall(r"""\.(\w+)|\[['"]?([^'"\]]+)['"]?\]""", below)
+    return ".".join(a or b for a, b in parts if a != "_modules")
 
 
 def _pending_or_data(o):
@@ -254,9 +341,10 @@ def _pending_or_data(o):
     return (state.node, state.index, state.aval) if state.node is not None else state.data
 
 
-def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
+def _plan(entry, graph, placeholder_data, output_values, updated: list) -> _Replay | None:
     """How to replay `entry` on new inputs, or None when an output is not one
-    of its results (an input passed through, or a value computed earlier)."""
+    of its results (an input passed through, or a value computed earlier).
+    `updated`: per first output, the device input it updates in place (_updated_inputs)."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
     sources = []
     for p in graph.params:
@@ -274,7 +362,14 @@ def _plan(entry, graph, placeholder_data, output_values) -> _Replay | None:
             outputs.append(where[id(value)])  # an input passed through (saved for backward)
         else:
             return None
-    return _Replay(entry, sources, outputs)
+    parameter_of = {src: p for p, src in enumerate(sources) if isinstance(src, int)}
+    donors = {parameter_of[i]: i for i, out in zip(updated, outputs)
+              if i is not None and i in parameter_of and isinstance(out, tuple)
+              and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
+    if not donors:
+        return _Replay(entry, sources, outputs)
+    donating = compiled.donating(current(), graph, tuple(sorted(donors)))
+    return _Replay(entry, sources, outputs, donating, donors)
 
 
 def _flatten(value):
@@ -298,7 +393,8 @@ def _outputs_like(outputs, inputs):
     return convert(outputs)
 
 
-xlakit_backend = aot_autograd(fw_compiler=_compile_fx, bw_compiler=_compile_fx)
+xlakit_backend = aot_autograd(fw_compiler=functools.partial(_compile_fx, forward=True),
+                              bw_compiler=functools.partial(_compile_fx, forward=False))
 
 
 def _register() -> None:

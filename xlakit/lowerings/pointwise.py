@@ -761,5 +761,17 @@ lowers("aten::addcmul", promote=True, opmath_scalar="value", lift_scalars=True, 
 lowers("aten::addcdiv", promote=True, opmath_scalar="value", lift_scalars=True, checked_scalars=("value",))(
     _with_value(lambda v, a, b: v * a / b))
 
+
+@lowers("prims::fma", promote=True, lift_scalars=True)
+def fma(a, b, c):
+    """torch._inductor's a * b + c, rounded once: Dynamo writes `addcmul_`, `addcdiv_` and
+    `add_` with a tensor alpha as it (torch 2.13's dynamo decompositions, in AdamW's step).
+    Below float64 it is computed in float64 (where the product is exact), then rounded."""
+    dtype = a.dtype
+    if dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+        a, b, c = (as_dtype(x, jnp.float64) for x in (a, b, c))
+        return as_dtype(a * b + c, dtype)
+    return a * b + as_dtype(c, dtype)
+
 del _name, _compare
 
