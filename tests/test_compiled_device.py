@@ -67,12 +67,16 @@ class MLP(torch.nn.Module):
         return self.l2(torch.relu(self.l1(x)))
 
 
-def test_dynamo_starts_no_frame_in_xlakit_for_a_compiled_forward(dev):
+
+def _compiled_mlp(dev):
+    """(eager MLP, its copy on the device, that copy compiled, an input) from seed 0."""
     torch.manual_seed(0)
     eager = MLP()
     model = copy.deepcopy(eager).to(dev)
-    compiled = torch.compile(model, backend="xlakit")
-    x = torch.randn(3, 8)
+    return eager, model, torch.compile(model, backend="xlakit"), torch.randn(3, 8)
+
+def test_dynamo_starts_no_frame_in_xlakit_for_a_compiled_forward(dev):
+    eager, model, compiled, x = _compiled_mlp(dev)
     with dynamo_log() as log:
         for _ in range(2):
             got = compiled(x.to(dev))
@@ -267,11 +271,7 @@ def test_a_recompile_says_why_dynamo_and_the_key_differ(dev):
 
 
 def test_a_compiled_forward_on_pending_lazy_values_matches_eager(dev):
-    torch.manual_seed(0)
-    eager = MLP()
-    model = copy.deepcopy(eager).to(dev)
-    compiled = torch.compile(model, backend="xlakit")
-    x = torch.randn(3, 8)
+    eager, model, compiled, x = _compiled_mlp(dev)
     for step in range(1, 4):
         # the input and the parameters are pending lazy values, not yet computed
         with torch.no_grad():

@@ -10,15 +10,13 @@ other tensor, pending or computed, still reads it.
 """
 from __future__ import annotations
 
-import time
-
 from ..config import config
 from ..core import sharding
 from ..core.ir import DeviceData, Graph, operand_data, pending_nodes
-from ..core.record import Cache, DonatedBuffer, Timings, Trigger
+from ..core.record import Trigger
 from ..lowerings import to_jax
-from . import check_results, keys
-from .executor import Engine, _split_checks
+from . import keys
+from .executor import Engine
 
 
 def donating(engine: Engine, graph: Graph, donors: tuple[int, ...]):
@@ -54,26 +52,7 @@ def unshared(engine: Engine, buffers: list[DeviceData]) -> bool:
 
 
 def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, source: str | None = None):
-    """Run a compiled graph's executable on `arrays`; `donated` maps the executable's
-    parameter positions whose buffers it is given to those buffers, which are dead after.
-    Appends a StepRecord (trigger `compiled`). Returns the output arrays."""
-    with engine.lock:
-        engine.counters["cache_hits"] += 1
-        t0 = time.perf_counter()
-        outputs, checked = _split_checks(entry, engine._run(entry, arrays, None))
-        graph_info = next(iter(entry.graph_infos.values()))
-        records = []
-        for i, data in donated.items():
-            records.append(DonatedBuffer(i, data.label, data.aval.shape, str(data.aval.dtype).removeprefix("torch."),
-                                         data.aval.nbytes))
-            data.donated, data.array = True, None
-        note = "" if donated else "replay: an input it updates is still read elsewhere, or it updates none"
-        engine._append_record(entry, entry.key, graph_info, trigger=Trigger.COMPILED, cache=Cache.HIT,
-                              donated=tuple(records), note=note, source=source,
-                              timings=Timings(trace=engine.trace_seconds, execute=time.perf_counter() - t0,
-                                              waited=config.wait_for_execution))
-        if checked is not None:  # its outputs are new tensors: read its checks before they exist
-            error = check_results.Step(checked, entry.checks, graph_info.nodes).read()
-            if error is not None:
-                raise error
-        return outputs
+    """Run a compiled graph's executable on `arrays`, giving it the `donated` buffers
+    (by parameter position); a StepRecord of trigger `compiled`. Returns the output arrays."""
+    note = "" if donated else "replay: an input it updates is still read elsewhere, or it updates none"
+    return engine.replay(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, source=source)

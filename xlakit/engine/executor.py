@@ -268,12 +268,7 @@ class Engine:
         outputs, checked = _split_checks(entry, self._run(entry, sharding.arguments(graph, placement), graph))
         execute_s = time.perf_counter() - t3
 
-        donated = []
-        for i in donors:
-            p = graph.params[i]
-            donated.append(DonatedBuffer(i, p.label, p.aval.shape, str(p.aval.dtype).removeprefix("torch."),
-                                         p.aval.nbytes))
-            p.donated, p.array = True, None
+        donated = [_donate(i, graph.params[i]) for i in donors]
         self._bind_results(graph, planned.roots, outputs, targets)
         results = [node.results[i] for node, i in planned.roots]
         previous = self.ledger.bound(results, targets)
@@ -310,16 +305,19 @@ class Engine:
                                           closest.key.components, next(iter(closest.graph_infos.values()))))
         return entry, outcome, lower_s, compile_s, changed, why
 
-    def replay(self, entry: cache_mod.Entry, arrays: list, *, trigger: Trigger, source: str | None = None):
-        """Run a cached executable on given input arrays (torch.compile's replay);
-        nothing is donated. Returns its output arrays."""
+    def replay(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
+               note: str, source: str | None = None):
+        """Run a cached executable on given input arrays (torch.compile's graphs, engine/compiled.py);
+        `donated` maps the parameter positions whose buffers it is given to those buffers, which
+        are dead after. Appends a StepRecord; returns the output arrays."""
         with self.lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
             outputs, checked = _split_checks(entry, self._run(entry, arrays, None))
             graph_info = next(iter(entry.graph_infos.values()))
-            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=(),
-                                note="replay: inputs are not donated", source=source,
+            records = tuple(_donate(i, data) for i, data in donated.items())
+            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=records,
+                                note=note, source=source,
                                 timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
                                                 waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
@@ -490,6 +488,13 @@ def _warn_if_too_big(memory, graph: Graph) -> None:
         f"temporaries {memory.temporaries:,}); largest inputs: "
         + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
         + ". It will likely run out of memory: use smaller batches, donation, or shard it.", sources.capture())
+
+
+def _donate(index: int, data: DeviceData) -> DonatedBuffer:
+    """Mark parameter `index`'s buffer as given to the executable (dead now); what the record says of it."""
+    data.donated, data.array = True, None
+    return DonatedBuffer(index, data.label, data.aval.shape, str(data.aval.dtype).removeprefix("torch."),
+                         data.aval.nbytes)
 
 
 def _split_checks(entry, outputs):
