@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import re
 import weakref
 
 import torch
@@ -26,7 +25,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from ..core import module_paths, sources, transfer
-from ..core.ir import Aval, DeviceData, Frame, Source
+from ..core.ir import Aval, DeviceData, Source
 from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
@@ -292,17 +291,8 @@ def _user_line(node: torch.fx.Node) -> Source | None:
     (none for a torch module's op: its frames are torch's and Dynamo's), and the
     module path it ran in (_module_path)."""
     trace = node.meta.get("stack_trace") or ""
-    frames = []
-    for text in trace.splitlines():
-        if text.strip().startswith("File "):  # 'File "/path/x.py", line 12, in forward'
-            filename, _, rest = text.strip().removeprefix('File "').partition('", line ')
-            line, _, function = rest.partition(", in ")
-            frames.append(Frame(filename, int(line), function))
-    found = sources.of_traceback(frames)
     module = _module_path(node, trace)
-    if not module:
-        return found
-    return Source(found.user if found else None, found.library if found else None, module)
+    return sources.of_stack_trace(trace, module) or (Source(None, None, module) if module else None)
 
 
 _OPTIMIZER_FILE = os.path.join("torch", "optim", "")
@@ -320,18 +310,10 @@ def _module_path(node: torch.fx.Node, trace: str) -> str:
         if backward:
             return module_paths.BACKWARD
         return module_paths.OPTIMIZER if _OPTIMIZER_FILE in trace else ""
-    path = _relative_path(list(stack.values())[-1][0])
+    path = module_paths.of_fx_stack(stack)
     if backward:
         return f"{module_paths.BACKWARD}.{path}" if path else module_paths.BACKWARD
     return path
-
-
-def _relative_path(expression: str) -> str:
-    """`L['self'].layers[0]._modules['mlp']` -> "layers.0.mlp": the path below the compiled
-    function's own variable (the compiled module itself, or a module it reads)."""
-    below = expression.split("]", 1)[1] if expression.startswith(("L[", "G[")) else expression
-    parts = re.findall(r"""\.(\w+)|\[['"]?([^'"\]]+)['"]?\]""", below)
-    return ".".join(a or b for a, b in parts if a != "_modules")
 
 
 def _pending_or_data(o):
