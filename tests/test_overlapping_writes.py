@@ -46,6 +46,21 @@ def test_a_write_to_an_expanded_tensor_is_eagers(dev, write):
         assert_same(base * 2, torch.arange(12.).view(3, 4) * 2)
 
 
+@pytest.mark.parametrize("write", ["fill_", "zero_", "masked_fill_"])
+def test_a_write_to_an_expanded_view_of_a_reshaped_copy_is_eagers(dev, write):
+    """The base is itself a view (a reshape that copies): found by `make fuzz`, where xlakit
+    raised functionalization's as_strided refusal and eager wrote."""
+    def program(device):
+        x = torch.arange(20.).view(4, 5).to(device) * 2
+        x = x.t().flatten().view(5, 4).t()
+        EXPAND_WRITES[write](x[:1].expand(4, 5), torch.arange(20.).view(4, 5).to(device))
+        return x.cpu()
+
+    (want, want_error), (got, got_error) = _both(dev, program)
+    assert want_error is None and got_error is None, got_error
+    assert torch.equal(got, want)
+
+
 UNFOLD_WRITES = {
     "overlapping column": lambda b: b.unfold(0, 4, 3).__setitem__((slice(None), 0), -1),
     "overlapping last column": lambda b: b.unfold(0, 4, 3).__setitem__((slice(None), 3), -1),

@@ -180,8 +180,7 @@ def _write_overlapping(op, args, kwargs):
     Functionalization's inverse of expand adds the copies of an element up (sum_to). Where
     eager refuses such a write (asked once per op, on a small expanded CPU tensor), its error;
     where it writes (fill_, masked_fill_, ...), the op runs on a dense copy, then the copy is
-    written through the as_strided view of the base, which holds each location once: a
-    scatter of the changed elements (as_strided_scatter's lowering).
+    scattered into the base, which holds each location once (as_strided_scatter).
     Through overlapping windows (an unfold with step < size), an assignment is such a
     scatter already (see _unfold); an update that reads what it writes is applied by eager
     element by element in memory order: xlakit says so and stops."""
@@ -207,11 +206,10 @@ def _write_overlapping(op, args, kwargs):
         return None
     dense = self.clone(memory_format=torch.contiguous_format)
     op(dense, *args[1:], **kwargs)
-    view = aten.as_strided.default(base, self.shape, self.stride(), self.storage_offset())
-    torch._sync(dense)
-    torch._functionalize_replace(view, torch._from_functional_tensor(dense))
-    torch._functionalize_commit_update(view)
-    torch._sync(view)
+    # the whole base rewritten, not its as_strided view: functionalization refuses a write through
+    # an as_strided view of a base that is itself a view (a reshape's copy: x.t().flatten().view(..))
+    base.copy_(aten.as_strided_scatter.default(base, dense, self.shape, self.stride(), self.storage_offset()))
+    torch._sync(self)
     return self
 
 
