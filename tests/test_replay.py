@@ -208,7 +208,10 @@ def test_a_repeated_step_changed_at_one_point_matches_eager(dev, seed, program, 
         replay = last().replay
         if step == 2 or (last_step and how == "none"):
             assert replay.recorded == 0 and replay.why == "", (steps, replay)
-    if how == "scalar":  # a Python float is an input of the graph (lifted), not a constant
+    if how in ("scalar", "identity"):
+        # a Python float is an input of the graph (lifted), not a constant; and another input
+        # buffer first read at the same point is the same graph fed another buffer: either may
+        # replay, and the values above are eager's either way
         assert replay.why == "" or replay.why.startswith("op "), (changed, replay)
     elif how != "none":
         assert replay.why.startswith("op ") and replay.recorded > 0, (changed, how, replay)
