@@ -116,7 +116,8 @@ def test_compiled_nodes_and_warnings_keep_their_own_lines(dev, monkeypatch):
 
 def test_fx_nodes_of_a_torch_module_name_no_line_of_torch():
     # Dynamo's stack trace of a torch.nn module's op holds only torch's and its own
-    # frames (external_utils.py): no line of them is the user's or a library's
+    # frames (external_utils.py): no line of them is the user's or a library's; the
+    # module path comes from nn_module_stack
     from xlakit.integrations import dynamo
 
     torch._dynamo.reset()
@@ -124,7 +125,8 @@ def test_fx_nodes_of_a_torch_module_name_no_line_of_torch():
         torch.compile(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()), backend="xlakit")(torch.ones(2, 4))
         torch.compile(_scaled, backend="xlakit")(torch.ones(3))
     module, function = (g.graph for g in graphs)
-    assert [n.source for n in module.nodes] == [None] * len(module.nodes)
+    assert [(n.source.user, n.source.library) for n in module.nodes] == [(None, None)] * len(module.nodes)
+    assert [n.source.module for n in module.nodes] == ["0"] * (len(module.nodes) - 1) + ["1"]  # Linear, ReLU
     assert {(n.source.user.file, n.source.user.line) for n in function.nodes} == \
         {(__file__, _scaled.__code__.co_firstlineno + 1)}
 
