@@ -74,16 +74,41 @@ UNFOLD_WRITES = {
 }
 
 
+# the same 12 elements in memory, a view of a base whose memory is row-major or permuted (a
+# clone of a transposed tensor: found by `make fuzz`, where a write through the windows added
+# the overlapping windows up)
+LAYOUTS = {
+    "row-major": lambda device: (torch.arange(12.).to(device),) * 2,
+    "permuted memory": lambda device: (lambda c: (c, c.t().reshape(-1)))(torch.arange(12.).view(3, 4).to(device).t()
+                                                                          .clone()),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("write", UNFOLD_WRITES)
-def test_a_write_through_unfold_windows_is_eagers(dev, write):
+def test_a_write_through_unfold_windows_is_eagers(dev, write, layout):
     def program(device):
-        base = torch.arange(12.).to(device)
-        UNFOLD_WRITES[write](base)
-        return base.cpu()
+        base, flat = LAYOUTS[layout](device)
+        UNFOLD_WRITES[write](flat)
+        return base.cpu(), base.stride()
 
     (want, want_error), (got, got_error) = _both(dev, program)
     assert want_error is None and got_error is None, got_error
-    assert torch.equal(got, want), (got, want)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1], (got, want)
+
+
+def test_a_write_to_one_unfold_window_of_a_permuted_base_is_eagers(dev):
+    # a contiguous window: its write is still one through torch's unfold
+    def program(device):
+        base = torch.arange(20.).view(4, 5).to(device).t().clone()
+        windows = base.t().reshape(-1).unfold(0, 5, 3)
+        windows[2] = -1.0
+        windows[1:3, 1:3].mul_(3.0)
+        return base.cpu(), windows.cpu()
+
+    (want, want_error), (got, got_error) = _both(dev, program)
+    assert want_error is None and got_error is None, got_error
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), (got, want)
 
 
 def test_an_update_through_overlapping_windows_is_a_clear_error(dev):

@@ -174,50 +174,83 @@ _REFUSES_OVERLAP: dict = PROCESS.memo("front.functionalization: refuses overlap"
 
 
 def _write_overlapping(op, args, kwargs):
-    """An in-place write to a lazy tensor whose elements share memory, as eager does it, or
-    None when torch's kernel gives eager's result.
+    """An in-place write to a lazy tensor whose elements share memory, or that is a view through
+    torch's unfold, as eager does it; None when torch's kernel gives eager's result.
 
-    Functionalization's inverse of expand adds the copies of an element up (sum_to). Where
-    eager refuses such a write (asked once per op, on a small expanded CPU tensor), its error;
-    where it writes (fill_, masked_fill_, ...), the op runs on a dense copy, then the copy is
-    scattered into the base, which holds each location once (as_strided_scatter).
-    Through overlapping windows (an unfold with step < size), an assignment is such a
-    scatter already (see _unfold); an update that reads what it writes is applied by eager
-    element by element in memory order: xlakit says so and stops."""
+    Functionalization's inverse of expand adds the copies of an element up (sum_to), and its
+    inverse of unfold (unfold_backward) adds overlapping windows up. Where eager refuses such a
+    write (asked once per op, on a small expanded CPU tensor), its error; where it writes
+    (fill_, masked_fill_, ...), the op runs on a dense copy, then the copy is scattered into
+    the base, which holds each location once (as_strided_scatter).
+    Through overlapping windows xlakit's own unfold (see _unfold) makes, an assignment is such a
+    scatter already; an update that reads what it writes is applied by eager element by element
+    in memory order: xlakit says so and stops."""
     self = args[0]
-    if self.device.type != "lazy" or not _may_overlap(self):
+    if self.device.type != "lazy":
+        return None
+    through_unfold = _through_torchs_unfold(self)
+    if not (through_unfold or _may_overlap(self)):
         return None
     where = sources.describe(sources.capture())
     at = f" (at {where})" if where else ""
     if not _overlapping(self):
-        if op in _ASSIGNMENTS or (op is aten.index_put_.default and not (args[3:4] or [kwargs.get("accumulate")])[0]):
+        assigns = op in _ASSIGNMENTS or \
+            (op is aten.index_put_.default and not (args[3:4] or [kwargs.get("accumulate")])[0])
+        if assigns and not through_unfold:
             return None
-        raise RuntimeError(f"{op}: xlakit does not update a view whose elements overlap (an unfold with step < "
-                           "size) in place: eager torch applies the update element by element in memory order. "
-                           f"clone() the view first, or assign to it (view[...] = value){at}.")
-    refuses = _REFUSES_OVERLAP.get(op)
-    if refuses is None:
-        refuses = _REFUSES_OVERLAP[op] = _eager_refuses_overlap(op, args, kwargs)
-    if refuses:
-        raise RuntimeError(f"{op}: unsupported operation: more than one element of the written-to tensor refers "
-                           f"to a single memory location. Please clone() the tensor before performing the operation{at}.")
-    base = _row_major_base(self)
-    if base is None:
+        if not assigns and _may_overlap(self):
+            raise RuntimeError(f"{op}: xlakit does not update a view whose elements overlap (an unfold with step < "
+                               "size) in place: eager torch applies the update element by element in memory order. "
+                               f"clone() the view first, or assign to it (view[...] = value){at}.")
+    else:
+        refuses = _REFUSES_OVERLAP.get(op)
+        if refuses is None:
+            refuses = _REFUSES_OVERLAP[op] = _eager_refuses_overlap(op, args, kwargs)
+        if refuses:
+            raise RuntimeError(f"{op}: unsupported operation: more than one element of the written-to tensor refers "
+                               f"to a single memory location. Please clone() the tensor before performing the "
+                               f"operation{at}.")
+    dense_base = _dense_base(self)
+    if dense_base is None:
         return None
+    base, order = dense_base
     dense = self.clone(memory_format=torch.contiguous_format)
     op(dense, *args[1:], **kwargs)
     # the whole base rewritten, not its as_strided view: functionalization refuses a write through
-    # an as_strided view of a base that is itself a view (a reshape's copy: x.t().flatten().view(..))
-    base.copy_(aten.as_strided_scatter.default(base, dense, self.shape, self.stride(), self.storage_offset()))
+    # an as_strided view of a base that is itself a view (a reshape's copy: x.t().flatten().view(..)).
+    # The base's dims in memory order are row-major, which is what as_strided addresses.
+    memory = base if order is None else base.permute(order)
+    scattered = aten.as_strided_scatter.default(memory, dense, self.shape, self.stride(), self.storage_offset())
+    base.copy_(scattered if order is None else scattered.permute(sorted(range(len(order)), key=order.__getitem__)))
     torch._sync(self)
     return self
 
 
-def _row_major_base(t: torch.Tensor) -> torch.Tensor | None:
-    """t's base, where xlakit's as_strided can address it (row-major from offset 0)."""
+def _dense_base(t: torch.Tensor) -> tuple[torch.Tensor, list[int] | None] | None:
+    """t's base, and the order of its dims in memory where they are not row-major (None:
+    row-major), where as_strided can address it: each location once, from offset 0."""
     base = t._base if t._base is not None else t
-    dense = base.storage_offset() == 0 and base.stride() == torch.empty(base.shape, device="meta").stride()
-    return base if dense and base.device.type == "lazy" and torch._is_functional_tensor(base) else None
+    if base.device.type != "lazy" or not torch._is_functional_tensor(base) or base.storage_offset() != 0:
+        return None
+    if base.is_contiguous():
+        return base, None
+    order = sorted(range(base.dim()), key=lambda d: -base.stride(d))
+    dense = torch.empty(base.permute(order).shape, device="meta").stride()
+    if any(base.stride(d) != stride for d, stride in zip(order, dense) if base.shape[d] > 1):
+        return None
+    return base, order
+
+
+def _through_torchs_unfold(t: torch.Tensor) -> bool:
+    """Whether t is a view through torch's unfold kernel (_unfold leaves it the views of a base
+    whose memory is not row-major), whose inverse adds overlapping windows up."""
+    base = t._base
+    if base is None or base.is_contiguous() or not torch._is_functional_tensor(t):
+        return False
+    return any(isinstance(m, _UNFOLD_VIEW) for m in torch._C._functionalization.get_view_meta_sequence(t))
+
+
+_UNFOLD_VIEW = torch._C._functionalization.unfold_ViewMeta
 
 
 def _eager_refuses_overlap(op, args, kwargs) -> bool:
@@ -270,7 +303,9 @@ def _checked_writes(op, original):
                 if op is not aten.copy_.default:
                     raise _host_written(op, host)
                 return host.copy_(to_host(unwrap(args[1]), trigger=Trigger.CPU), *args[2:], **kwargs)
-        elif not self.is_contiguous():  # a contiguous tensor has no two elements in one place
+        elif not self.is_contiguous() or (self._base is not None and not self._base.is_contiguous()):
+            # a contiguous tensor has no two elements in one place, and is a view through
+            # torch's unfold only of a base whose memory is not row-major
             result = _write_overlapping(op, args, kwargs)
             if result is not None:
                 return result
@@ -319,10 +354,12 @@ def _unfold(original):
     the view change just what they write; as_strided's inverse is a scatter (see
     as_strided_scatter's lowering). Functionalization takes as_strided only of a base (it
     is not compositional), and xlakit's as_strided addresses that base's elements in row-major order:
-    a base laid out so from offset 0. Others keep torch's kernel."""
+    a base laid out so from offset 0. Others keep torch's kernel, and a write through its views
+    is a scatter into the base (_write_overlapping)."""
     def kernel(keyset, self, dimension, size, step):
-        base = _row_major_base(self) if self.device.type == "lazy" else None
-        if base is not None:
+        dense_base = _dense_base(self) if self.device.type == "lazy" else None
+        if dense_base is not None and dense_base[1] is None:
+            base = dense_base[0]
             view = torch.empty_strided(self.shape, self.stride(), dtype=self.dtype, device="meta") \
                 .unfold(dimension, size, step)
             return aten.as_strided.default(base, view.shape, view.stride(), self.storage_offset() + view.storage_offset())
