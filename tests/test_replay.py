@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xlakit
+from xlakit.engine import tape
 
 EXAMPLES = int(os.environ.get("XLAKIT_FUZZ_EXAMPLES", "15"))
 RANDOM = os.environ.get("XLAKIT_FUZZ_RANDOM", "") == "1"
@@ -40,7 +41,9 @@ def test_a_training_step_replays_after_it_was_recorded_and_matches_eager(dev):
         replays.append(last().replay)
         for p, q in zip(model.parameters(), lazy_model.parameters()):
             torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
-    # the first two steps follow other syncs (the step before the loop, the first marker)
+    # the first two steps follow other syncs (the step before the loop, the first marker),
+    # the third records, from the fourth on they replay
+    assert "not recorded" in replays[1].why and replays[2].recorded > 0
     assert replays[-1].recorded == 0 and replays[-1].replayed > 50 and replays[-1].why == ""
     assert replays[-2] == replays[-1]
     assert replays[0].recorded > 0 and replays[0].why
@@ -52,7 +55,7 @@ def _step(x, y, scale):
 
 def test_a_changed_shape_stops_replay_at_its_op_and_says_so(dev):
     x, y = torch.randn(4, 5), torch.randn(4, 5)
-    for _ in range(3):
+    for _ in range(4):
         out = _step(x.to(dev), y.to(dev), 0.5)
         xlakit.mark_step()
     assert last().replay.recorded == 0
@@ -71,7 +74,7 @@ def test_one_input_read_twice_is_not_two_inputs(dev):
     """f(a, a) and f(a, b) record the same ops on the same avals: the guard tells them apart."""
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     la, lb = a.to(dev), b.to(dev)
-    for _ in range(3):
+    for _ in range(4):
         out = la * lb + 1
         xlakit.mark_step()
     assert last().replay.recorded == 0
@@ -92,16 +95,41 @@ def _called_there(x):  # the same ops from other lines
 def test_a_replayed_node_shows_this_steps_source_line(dev):
     x = torch.randn(3, 3).to(dev)
     records = []
-    for call in (_called_here, _called_here, _called_here, _called_there):
+    for call in (_called_here, _called_here, _called_here, _called_here, _called_there):
         out = call(x)
         xlakit.mark_step()
         records.append(last())
-    third, fourth = records[2], records[3]
-    assert third.replay.recorded == 0 and fourth.replay.recorded == 0  # sources are metadata
-    assert fourth.key == third.key and fourth.metadata_digest != third.metadata_digest
-    lines = {node.source.user.function for node in fourth.graph.nodes}
+    here, there = records[3], records[4]
+    assert here.replay.recorded == 0 and there.replay.recorded == 0  # sources are metadata
+    assert there.key == here.key and there.metadata_digest != here.metadata_digest
+    lines = {node.source.user.function for node in there.graph.nodes}
     assert "_called_there" in lines and "_called_here" not in lines
     torch.testing.assert_close(out.cpu(), _called_here(x.cpu()))
+
+
+def test_runs_that_keep_differing_are_recorded_ever_more_seldom_and_stay_eagers(dev):
+    """Two steps alternating after one marker: each differs from the one before, so recording
+    them is wasted work; after three such runs in a row one in 2, 4, ... is recorded. A step
+    that repeats again replays within the wait."""
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    steps = [lambda t: (t * 2).sin() + 1, lambda t: (t + 2).cos() * 3]
+    replays = []
+    for i in range(14):
+        out = steps[i % 2](lx)
+        xlakit.mark_step()
+        replays.append(last().replay)
+        torch.testing.assert_close(out.cpu(), steps[i % 2](x))
+    assert "the first run after this sync: not recorded" in replays[1].why
+    assert [r.why.split(" (")[0] for r in replays[3:6]] == \
+        ["op 0 is now `aten.add.Tensor`, was `aten.mul.Tensor`", "op 0 is now `aten.mul.Tensor`, was `aten.add.Tensor`",
+         "op 0 is now `aten.add.Tensor`, was `aten.mul.Tensor`"]
+    assert replays[6].why == "not recorded: the last 3 runs after this sync each differed from the one before"
+    for i in range(14, 14 + tape.BACKOFF + 2):
+        out = steps[0](lx)
+        xlakit.mark_step()
+        torch.testing.assert_close(out.cpu(), steps[0](x))
+    assert last().replay.recorded == 0 and last().replay.why == "", last().replay
 
 
 def test_reads_in_the_middle_of_a_replayed_step(dev):
@@ -109,7 +137,7 @@ def test_reads_in_the_middle_of_a_replayed_step(dev):
     w = torch.randn(5, 5)
     lw = w.to(dev)
     items, lazy_items = [], []
-    for i in range(4):
+    for i in range(5):
         x = torch.full((2, 5), float(i))
         h = (x @ w).sin()
         lh = (x.to(dev) @ lw).sin()
@@ -190,8 +218,8 @@ def test_a_repeated_step_changed_at_one_point_matches_eager(dev, seed, program, 
     hypothesis.assume(changed is not None)
     lazy_start = [t.to(dev) for t in start]
     xlakit.mark_step()
-    for step in range(4):
-        last_step = step == 3
+    for step in range(5):
+        last_step = step == 4
         steps = program if not last_step else changed
         eager = [t.clone() for t in start]
         lazy = [t.clone() for t in lazy_start]  # the same input buffers every step
@@ -206,7 +234,7 @@ def test_a_repeated_step_changed_at_one_point_matches_eager(dev, seed, program, 
             torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-3,
                                        msg=lambda m: f"tensor {k} at step {step} of {steps}: {m}")
         replay = last().replay
-        if step == 2 or (last_step and how == "none"):
+        if step == 3 or (last_step and how == "none"):
             assert replay.recorded == 0 and replay.why == "", (steps, replay)
     if how in ("scalar", "identity"):
         # a Python float is an input of the graph (lifted), not a constant; and another input

@@ -17,6 +17,12 @@ Runs are found by the sync that began them (its trigger and line): a loop that
 reads its loss with `.item()` mid-step alternates two runs, each matched with its
 own. What a run keeps is per op (`Expected`), never the previous step's nodes or
 buffers, bounded by `LIMIT` ops per run and `RUNS` runs.
+
+Recording costs each op ~20% more than not, so a run is recorded only where one
+may follow it: from the second run a sync begins (the first of a cell or a loop
+runs as before, the second records, the third replays), and where the runs after
+a sync keep differing (three in a row mostly recorded, not replayed), ever more
+seldom: one in 2, 4, 8, 16.
 """
 from __future__ import annotations
 
@@ -32,6 +38,7 @@ from . import keys, stages
 
 LIMIT = 1 << 17   # ops per run kept for matching; a longer run records the rest
 RUNS = 16         # runs kept, by the sync that began them; the oldest go first
+BACKOFF = 16      # where runs keep differing, at least one in this many is recorded
 
 
 class Expected:
@@ -73,20 +80,22 @@ class _CutMemo:
 class Run:
     """The ops recorded between two syncs, matched against the run that followed the same sync before."""
 
-    def __init__(self, start, expected: Run | None):
+    def __init__(self, start, expected: Run | None, *, recording: bool = True, why: str = ""):
         self.start = start                       # the sync that began it: (trigger, line)
         self.expected = expected                 # the run it is matched against, or None
+        self.recording = recording               # False: its ops are only counted (see the module's doc)
         self.recorded: list[Expected] = []       # this run, as the next one will match it
         self.nodes: list[Node] = []              # dropped once it is closed and cut
         self.first_seq = -1
         self.inputs: dict[DeviceData, int] = {}  # input buffer -> ordinal; dropped with nodes
         self.input_avals: list[Aval] = []
         self._memo: _CutMemo | None = None
-        self._made = None                        # what its marker made, until a matching run asks
         self.ops = 0
         self.replayed = 0
-        self.why = "" if expected is not None else "no earlier run began at this sync"
+        self.why = why or ("" if expected is not None else "no earlier run began at this sync")
         self.sources_changed = False
+        self.misses = 0                          # runs in a row at its sync, this one included, mostly recorded
+        self.wait = 0                            # runs at its sync left unrecorded before one records again
 
     def position(self, node: Node) -> int:
         """The node's position in this run, or -1 if it was recorded before it (or beside it)."""
@@ -136,29 +145,29 @@ class Run:
     def _matched_memo(self) -> _CutMemo | None:
         if self.why or self.expected is None or len(self.recorded) != len(self.expected.recorded):
             return None
-        return self.expected.memo()
-
-    def memo(self) -> _CutMemo | None:
-        """What this run's marker made, in the form a matching run reuses; worked out when one
-        first asks (a step that never repeats pays nothing for it)."""
-        if self._made is not None:
-            self._memo, self._made, self.nodes = self._cut_memo(*self._made), None, []
-        return self._memo
+        return self.expected._memo
 
     def remember(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> None:
         """Keep what the marker made of this run, for the next run that matches it."""
+        if not self.recording:
+            return
         memo = self._matched_memo()
         if memo is not None and key.key == memo.key.key and cut.graph.wiring is memo.wiring:  # made from it
             self._memo = memo if key is memo.key else dataclasses.replace(memo, key=key, labels=[
                 p.label for p in cut.graph.params])
         else:
-            self._made = (cut, planned, flags, key)
+            self._memo = self._cut_memo(cut, planned, flags, key)
 
     def release(self) -> None:
-        """After its sync: drop what only the sync needed (its nodes are kept while `memo` needs them)."""
-        self.inputs, self.expected = {}, None
-        if self._made is None:
-            self.nodes = []
+        """After its sync: drop what only the sync needed."""
+        self.inputs, self.expected, self.nodes = {}, None, []
+
+    def back_off(self) -> None:
+        """Count this recorded run as a miss when most of it was recorded, not replayed;
+        the runs after a sync that keep missing are recorded ever more seldom."""
+        missed = self.replayed * 2 < self.ops and self.expected is not None and bool(self.expected.recorded)
+        self.misses = self.expected.misses + 1 if missed else 0
+        self.wait = min(2 ** (self.misses - 2), BACKOFF) - 1 if self.misses > 2 else 0
 
     def _cut_memo(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> _CutMemo | None:
         graph = cut.graph
@@ -181,11 +190,11 @@ class Tape:
 
     def __init__(self):
         self._runs: Memo = Memo(RUNS)  # the sync that began a run -> the last run it began
-        self._run = Run(None, None)
+        self._run = Run(None, None, recording=False)
 
     def clear(self) -> None:
         self._runs.clear()
-        self._run = Run(None, None)
+        self._run = Run(None, None, recording=False)
 
     def size(self) -> int:
         return sum(len(r.recorded) for r in self._runs.values())
@@ -288,9 +297,11 @@ class Tape:
             layouts=(), default_dtype=None) -> None:
         """Note a new node: replayed from `expected`, or recorded (its operand tensors, template, ...)."""
         run = self._run
+        run.ops += 1
+        if not run.recording:
+            return
         if run.first_seq < 0:
             run.first_seq = node.seq
-        run.ops += 1
         if len(run.recorded) >= LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
@@ -333,9 +344,23 @@ class Tape:
     def close(self, start) -> Run:
         """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run."""
         run = self._run
-        if run.recorded or run.start not in self._runs:
+        if run.recording:
+            run.back_off()
             self._runs[run.start] = run
-        self._run = Run(start, self._runs.get(start))
+        elif run.start not in self._runs:
+            self._runs[run.start] = run  # the first run at its sync: the next one records
+        before = self._runs.get(start)
+        if before is None:
+            self._run = Run(start, None, recording=False, why="the first run after this sync: not recorded")
+        elif not before.recording:
+            self._run = Run(start, before, why="the run before it after this sync was not recorded: this one is")
+        elif before.wait == 0:
+            self._run = Run(start, before)
+        else:
+            before.wait -= 1
+            self._run = Run(start, before, recording=False,
+                            why=f"not recorded: the last {before.misses} runs after this sync each differed from "
+                                f"the one before")
         return run
 
 
