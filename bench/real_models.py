@@ -30,7 +30,7 @@ import jax_models  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from timing import mark_step_ahead, seconds_per_step  # noqa: E402
+from timing import host_seconds_per_step, mark_step_ahead, seconds_per_step  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -143,12 +143,16 @@ def peers(model, logits_fn, ids, device):
     return result
 
 
+ASYNC_PEERS = ("torch_xla lazy", "xlakit lazy, dispatch ahead")  # their step returns at dispatch
+PROJECTED_DEVICE_MS = 2.0  # the Llama step's ~91 GFLOP on one TPU v5e chip is about a millisecond
+
+
 def measure(name: str, quick: bool, device: str):
     import xlakit
 
     model, logits_fn, ids = build(name, quick)
     steps, rounds = (2, 1) if quick else (5, 3)
-    rows, records = {}, []
+    rows, records, host = {}, [], {}
     for peer, (step, wait) in peers(model, logits_fn, ids, device).items():
         with xlakit.capture() as captured:
             # warm-up: compiles, then the first runs of each new executable, which are slower
@@ -156,6 +160,8 @@ def measure(name: str, quick: bool, device: str):
             rows[peer] = seconds_per_step(step, wait, steps, warmup=2 if quick else 8, rounds=rounds) * 1e3
         if peer == "xlakit lazy":
             records = captured[-steps:]
+        if peer in ASYNC_PEERS:
+            host[peer] = host_seconds_per_step(step, wait) * 1e3
     floor, torch_xla = rows["jax.jit (donating)"], rows.get("torch_xla lazy")
     print(f"\n### {name}: AdamW step, batch x seq {tuple(ids.shape)}, median ms/step of {rounds} rounds of "
           f"{steps} steps\n\n| peer | ms/step | × torch_xla lazy | × jax.jit |\n|---|---|---|---|")
@@ -168,6 +174,13 @@ def measure(name: str, quick: bool, device: str):
               f"{median([r.timings.trace for r in records]) * 1e3:.1f} ms, execution (waited) "
               f"{median([r.timings.execute for r in records]) * 1e3:.1f} ms; the rest of the step is the "
               "step marker's own work (cut, key, cache lookup, records) and Python's collector")
+    if host:
+        print(f"\nPython per step (host time from an idle device to dispatch), and the step projected on an "
+              f"accelerator whose executable takes {PROJECTED_DEVICE_MS:g} ms (dispatching ahead, the slower of "
+              f"the two sets the pace)\n\n| peer | Python ms/step | projected ms/step | bound by |\n|---|---|---|---|")
+        for peer, ms in host.items():
+            bound = "Python" if ms > PROJECTED_DEVICE_MS else "device"
+            print(f"| {peer} | {ms:.1f} | {max(ms, PROJECTED_DEVICE_MS):.1f} | {bound} |")
 
 
 def cold_start_child(quick: bool):

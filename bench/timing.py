@@ -28,6 +28,19 @@ def seconds_per_step(step, wait, steps: int, warmup: int, rounds: int = 3) -> fl
     return median_seconds(lambda: [step() for _ in range(steps)], wait, repeats=rounds, warmup=0) / steps
 
 
+def host_seconds_per_step(step, wait, repeats: int = 5) -> float:
+    """A peer's own Python per step: from an idle device to the step's dispatch (a peer that
+    dispatches asynchronously returns then), median of `repeats`."""
+    times = []
+    for _ in range(repeats):
+        wait()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    wait()
+    return statistics.median(times)
+
+
 def mark_step_ahead() -> None:
     """xlakit's step marker returning at dispatch: Python traces the next step while
     the device runs this one (the "dispatch ahead" peers)."""
