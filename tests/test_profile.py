@@ -1,0 +1,127 @@
+"""xlakit.profile(): a step's executable measured with JAX's profiler and joined to the
+nodes, modules and lines that made each op; the step itself as without profiling."""
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from conftest import assert_same  # noqa: E402
+
+import xlakit  # noqa: E402
+from xlakit.engine.executor import current  # noqa: E402
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+
+
+def llama():
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(cfg), torch.randint(0, 64, (2, 8))
+
+
+def adamw_steps(model, ids, steps: int, sync, profile_at: int | None = None):
+    """`steps` AdamW steps; the one numbered `profile_at` inside xlakit.profile(runs=5).
+    Returns the profiled step's records and the losses."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    profiled, losses = [], []
+    for i in range(steps):
+        with xlakit.profile(runs=5) if i == profile_at else xlakit.capture() as records:
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            sync()
+        losses.append(loss.detach())
+        if i == profile_at:
+            profiled = records
+    return profiled, losses
+
+
+def test_a_profiled_llama_step_is_joined_to_its_modules_and_keeps_its_values(dev):
+    model, ids = llama()
+    lazy = copy.deepcopy(model).to(dev)
+    before = xlakit.metrics()
+    steps, losses = adamw_steps(lazy, ids.to(dev), 4, xlakit.mark_step, profile_at=2)
+    _, want_losses = adamw_steps(model, ids, 4, lambda: None)
+
+    # profiling left the step alone: a cache hit that donated, values as eager's after it
+    rec, = steps
+    assert rec.cache == "hit" and rec.donated and xlakit.last_step().key == rec.key
+    assert xlakit.metrics()["executions"] - before["executions"] == 4
+    for got, want in zip(losses, want_losses):
+        assert_same(got, want, rtol=1e-4, atol=1e-5)
+    for p, q in zip(lazy.parameters(), model.parameters()):
+        assert_same(p, q.detach(), rtol=1e-4, atol=1e-5)
+
+    profile = rec.profile
+    assert profile is not None and profile.runs == 5 and profile.platform == "cpu"
+    assert profile.device_seconds > 0 and profile.overhead_seconds > 0
+    assert profile.coverage >= 0.9
+    # forward, backward and optimizer paths, each with measured time
+    modules = profile.by_module
+    assert modules["model.layers.0.self_attn.q_proj"] > 0
+    assert modules["backward.model.layers.1.mlp.down_proj"] > 0
+    assert modules["optimizer"] > 0
+    assert sum(modules.values()) == pytest.approx(profile.op_seconds)
+    assert sum(op.seconds for op in profile.ops) == pytest.approx(profile.op_seconds)
+    # every op names its nodes or says it is XLA's own
+    hlo = rec.hlo
+    for op in profile.ops:
+        assert f"%{op.hlo_op} = " in hlo
+        assert bool(op.nodes) != bool(op.xla_own), op
+        assert op.split == (len(op.nodes) > 1)
+        assert all(0 <= n < rec.num_nodes for n in op.nodes)
+    # the joins agree with the graph: a forward matmul's op is its node's, with its module and line
+    q_proj = next(op for op in profile.ops if op.module == "model.layers.0.self_attn.q_proj" and op.flops > 0)
+    assert any("mm" in rec.graph.nodes[n].op and rec.graph.nodes[n].module == q_proj.module for n in q_proj.nodes)
+    assert "modeling_llama.py" in str(q_proj.source.library)
+    assert q_proj.bytes > 0
+    assert any(op.split for op in profile.ops)  # fusions of several nodes share their time
+    assert "test_profile.py" in next(iter(profile.by_line))
+
+
+def test_profiling_does_not_count_as_an_execution_of_the_cached_executable(dev):
+    x = torch.ones(64, 64).to(dev)
+    for _ in range(2):
+        x = (x @ x).tanh()
+        xlakit.mark_step()
+    first = xlakit.last_step()
+    with xlakit.profile(runs=3) as steps:
+        x = (x @ x).tanh()
+        xlakit.mark_step()
+    rec, = steps
+    assert rec.key == first.key and rec.cache == "hit" and rec.uses == first.uses + 1
+    assert current().cache.get(rec.key).uses == rec.uses
+    ops = {op.opcode for op in rec.profile.ops}
+    assert ops & {"dot", "fusion"}
+    assert rec.profile.coverage == pytest.approx(1.0)
+    assert_same(x, _eager_chain(3))
+
+
+def _eager_chain(steps: int) -> torch.Tensor:
+    x = torch.ones(64, 64)
+    for _ in range(steps):
+        x = (x @ x).tanh()
+    return x
+
+
+def test_profile_blocks_do_not_nest_and_want_a_run(dev):
+    with pytest.raises(ValueError, match="at least one run"):
+        with xlakit.profile(runs=0):
+            pass
+    with xlakit.profile():
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with xlakit.profile():
+                pass
+    assert current().profiling is None
+
+
+def test_steps_outside_a_profile_block_are_not_profiled(dev):
+    x = torch.ones(4).to(dev) + 1
+    xlakit.mark_step()
+    assert xlakit.last_step().profile is None
