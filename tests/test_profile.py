@@ -21,7 +21,7 @@ def llama():
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg), torch.randint(0, 64, (2, 8))
+    return transformers.LlamaForCausalLM(cfg), torch.randint(0, 64, (4, 16))  # matmuls outweigh XLA's copies
 
 
 def adamw_steps(model, ids, steps: int, sync, profile_at: int | None = None):
@@ -125,3 +125,33 @@ def test_steps_outside_a_profile_block_are_not_profiled(dev):
     x = torch.ones(4).to(dev) + 1
     xlakit.mark_step()
     assert xlakit.last_step().profile is None
+
+
+def test_a_torch_compile_graph_replayed_on_device_buffers_is_profiled(dev):
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    model = copy.deepcopy(eager).to(dev)
+    compiled = torch.compile(model, backend="xlakit")
+    x = torch.randn(3, 8)
+    for _ in range(2):
+        compiled(x.to(dev))
+    with xlakit.profile() as steps:
+        got = compiled(x.to(dev))
+    replayed = [r for r in steps if r.trigger == "compiled"]
+    assert replayed and all(r.cache == "hit" and r.profile is not None for r in replayed)
+    profile = replayed[-1].profile
+    assert profile.coverage > 0.5 and {"0", "2"} <= profile.by_module.keys()
+    assert_same(got.detach(), eager(x).detach())
+    torch._dynamo.reset()
+
+
+def test_xla_step_profile_shows_a_profile_tab(shell):
+    from test_notebook import run
+
+    run(shell, "%%xla_step --name prof\npx = torch.ones(32, 32).to(dev)\npy = (px @ px).relu().sum()")
+    texts, htmls, result = run(shell, "%%xla_step --name prof --profile --profile-runs 2\n"
+                                      "px = torch.ones(32, 32).to(dev)\npy = (px @ px).relu().sum()")
+    assert result.success
+    rec = xlakit.last_step()
+    assert rec.cache == "hit" and rec.profile is not None and rec.profile.runs == 2

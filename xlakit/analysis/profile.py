@@ -38,12 +38,13 @@ _OWN = {"copy": "a layout copy XLA added", "copy-start": "an asynchronous copy X
 
 
 class _Instruction:
-    __slots__ = ("name", "opcode", "result_bytes", "operands", "called")
+    __slots__ = ("name", "opcode", "result_bytes", "operands", "arguments", "called")
 
     def __init__(self, name: str, shape: str, opcode: str, operands: str, rest: str):
         self.name, self.opcode = name, opcode
         self.result_bytes = _shape_bytes(shape)
         self.operands = _OPERAND.findall(operands)
+        self.arguments = operands  # a parameter's is its number
         self.called = _CALLED.findall(rest) + [c.strip().lstrip("%") for group in _BRANCHES.findall(rest)
                                                for c in group.split(",") if c.strip()]
 
@@ -119,7 +120,7 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
             source=main.source if main else None,
             flops=sum(node_flops(graph, graph.nodes[n]) / spread[n] for n in nodes),
             bytes=float(_bytes(instruction, instructions)), opcode=opcode, split=len(nodes) > 1,
-            xla_own="" if nodes else _OWN.get(opcode, f"{opcode or 'an instruction'} XLA made, from no recorded op")))
+            xla_own="" if nodes else _own(instruction, instructions, graph)))
     op_seconds = sum(seconds.values())
     attributed = sum(op.seconds for op in ops if op.nodes)
     return ProfileInfo(device_seconds=device_seconds, op_seconds=op_seconds, ops=tuple(ops),
@@ -127,6 +128,19 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
                        by_line=dict(sorted(by_line.items(), key=lambda item: -item[1])),
                        coverage=attributed / op_seconds if op_seconds else 0.0, runs=runs,
                        overhead_seconds=overhead_seconds, platform=platform)
+
+
+def _own(instruction: _Instruction | None, instructions, graph: GraphInfo) -> str:
+    """What an instruction no node made is: a copy of which input, a tuple, ..."""
+    if instruction is None:
+        return "an instruction XLA made, from no recorded op"
+    if instruction.opcode == "copy" and instruction.operands:
+        source = instructions.get(instruction.operands[0])
+        if source is not None and source.opcode == "parameter" and source.arguments.strip().isdigit():
+            index = int(source.arguments)
+            label = graph.params[index].label if index < len(graph.params) else None
+            return f"a copy XLA made of input {index}" + (f" ({label})" if label else "")
+    return _OWN.get(instruction.opcode, f"{instruction.opcode} XLA made, from no recorded op")
 
 
 def _shares(graph: GraphInfo, nodes: list[int]) -> list[float]:

@@ -27,6 +27,10 @@ class XlaMagics(Magics):
     @argument("--name", help="name for this cell's steps (default: the cell number)")
     @argument("--hlo", action="store_true", help="show the HLO of each executable")
     @argument("--quiet", action="store_true", help="record, but show nothing")
+    @argument("--profile", action="store_true",
+              help="measure each step's executable with JAX's profiler (a Profile tab: time per module, line, op)")
+    @argument("--profile-runs", type=int, default=1, metavar="N",
+              help="with --profile: run each executable N times and keep the median (default 1)")
     @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
               help="whose executor: xlakit's, or the real torch_xla's")
     @cell_magic
@@ -37,7 +41,7 @@ class XlaMagics(Magics):
         run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
-            with session.capture() as records:
+            with session.profile(args.profile_runs) if args.profile else session.capture() as records:
                 run(cell)
         finally:
             # on an error, what ran so far is still shown; the error then propagates
