@@ -1,6 +1,7 @@
 """xlakit.profile(): a step's executable measured with JAX's profiler and joined to the
 nodes, modules and lines that made each op; the step itself as without profiling."""
 import copy
+import html
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -155,3 +156,41 @@ def test_xla_step_profile_shows_a_profile_tab(shell):
     assert result.success
     rec = xlakit.last_step()
     assert rec.cache == "hit" and rec.profile is not None and rec.profile.runs == 2
+    assert "<h4>Profile</h4>" in htmls[0] and "Time by module" in htmls[0]
+
+
+def test_the_profile_tab_shows_modules_lines_and_the_slowest_ops_with_their_hlo(dev):
+    from xlakit.notebook import profile_view, render
+    from xlakit.notebook.views import StepView
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32).to(dev)
+    for i in range(3):
+        with xlakit.profile() if i == 2 else xlakit.capture() as steps:
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+            xlakit.mark_step()
+    rec = steps[-1]
+    page = render.html_view(rec)
+    assert "<script" not in page
+    tab = profile_view.profile_html(rec)
+    # the module tree, measured: forward, backward and the optimizer, each with a bar
+    for name in ("backward", "optimizer", "0", "2"):
+        assert f'">{name}</span>' in tab
+    assert "Time by line" in tab and "test_profile.py" in tab
+    # the slowest op: its name, its HLO line on hovering, its nodes' ops
+    slowest = rec.profile.ops[0]
+    assert f">{slowest.hlo_op}</td>" in tab
+    hlo_line = next(line for line in rec.hlo.splitlines() if line.strip().startswith(f"%{slowest.hlo_op} = ")
+                    or line.strip().startswith(f"ROOT %{slowest.hlo_op} = "))
+    assert f'title="{html.escape(hlo_line.strip().split(", metadata=")[0])}"' in tab
+    for phase in ("trace", "lower", "compile", "run", "device"):
+        assert f"<td>{phase}</td>" in tab
+    assert "FLOP/s" in tab and "B/s" in tab
+    tabs = StepView(rec).widget().children[1]
+    assert "Profile" in [tabs.get_title(i) for i in range(len(tabs.children))]
+    # an unprofiled step has no Profile tab
+    assert profile_view.sections(xlakit.steps()[-2]) == []

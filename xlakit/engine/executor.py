@@ -346,9 +346,9 @@ class Engine:
         ))
         self.trace_seconds = 0.0
         if self.profiling is not None:
-            measured = self.profiling.profile(self.log.records[-1])
-            if measured is not None:
-                self.log.revise(self.log.records[-1], profile=measured)
+            changes = self.profiling.profile(self.log.records[-1])
+            if changes is not None:
+                self.log.revise(self.log.records[-1], **changes)
 
     def _load(self, key: keys.Key, graph: Graph, placement):
         """The executable an earlier process stored for this key: no lowering, no compile.

@@ -11,6 +11,7 @@ record's timings and the cache's counters are left as they were.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -23,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis import profile as join
-from ..core.record import ProfileInfo, StepRecord
+from ..core.record import StepRecord
 
 _MODULE = re.compile(r"HloModule ([\w.\-]+)")
 
@@ -49,8 +50,10 @@ class Profiling:
         self._kept = (entry, [jnp.copy(a) if d else a for a, d in zip(arrays, donated)], donated)
         self._copy_seconds = time.perf_counter() - t0
 
-    def profile(self, record: StepRecord) -> ProfileInfo | None:
-        """Run the kept step's executable again under the profiler; None if no step was kept."""
+    def profile(self, record: StepRecord) -> dict | None:
+        """Run the kept step's executable again under the profiler. Returns the record's changes:
+        its `profile`, and its `timings` without the input copies made inside its timed run
+        (None if no step was kept)."""
         if self._kept is None:
             return None
         entry, inputs, donated = self._kept
@@ -59,9 +62,11 @@ class Profiling:
         module = _MODULE.match(entry.hlo or "")
         events = _trace(entry.compiled, inputs, donated, self.runs)
         seconds, device_seconds = _per_run(events, module.group(1) if module else None, self.runs)
-        return join.join(record, seconds, device_seconds=device_seconds, runs=self.runs,
-                         overhead_seconds=self._copy_seconds + time.perf_counter() - t0,
-                         platform=jax.default_backend())
+        measured = join.join(record, seconds, device_seconds=device_seconds, runs=self.runs,
+                             overhead_seconds=self._copy_seconds + time.perf_counter() - t0,
+                             platform=jax.default_backend())
+        execute = max(0.0, record.timings.execute - self._copy_seconds)
+        return {"profile": measured, "timings": dataclasses.replace(record.timings, execute=execute)}
 
 
 def _trace(compiled, inputs: list, donated: list[bool], runs: int):
