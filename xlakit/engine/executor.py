@@ -16,7 +16,7 @@ import jax
 import torch
 
 from ..analysis import executable as analysis
-from ..analysis import misses
+from ..analysis import budget, misses
 from ..config import config
 from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
@@ -349,6 +349,10 @@ class Engine:
             changes = self.profiling.profile(self.log.records[-1])
             if changes is not None:
                 self.log.revise(self.log.records[-1], **changes)
+        if config.max_recompiles is not None:
+            over = budget.LINES.observe(self.log.records[-1], config.max_recompiles, config.strict_recompiles)
+            if over is not None:
+                budget.enforce(over)
 
     def _load(self, key: keys.Key, graph: Graph, placement):
         """The executable an earlier process stored for this key: no lowering, no compile.

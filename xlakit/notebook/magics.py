@@ -9,6 +9,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .. import session
+from ..analysis import budget
 from ..config import config
 from ..core.record import Backend, StepRecord
 from ..core.state import PROCESS
@@ -29,6 +30,9 @@ class XlaMagics(Magics):
     @argument("--quiet", action="store_true", help="record, but show nothing")
     @argument("--profile", action="store_true",
               help="measure each step's executable with JAX's profiler (a Profile tab: time per module, line, op)")
+    @argument("--max-compiles", type=int, default=None, metavar="N",
+              help="warn (config.strict_recompiles: raise) when this cell's steps compile more than N times "
+                   "after its first step")
     @argument("--profile-runs", type=int, default=1, metavar="N",
               help="with --profile: run each executable N times and keep the median (default 1)")
     @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
@@ -51,6 +55,12 @@ class XlaMagics(Magics):
                 HISTORY.append((name, record))
                 if not args.quiet:
                     display(StepView(record, name, previous, args.hlo))
+        if args.max_compiles is not None:
+            cell_steps = [r for n, r in HISTORY if n == name]
+            over = budget.over_budget(f"cell {name!r}", budget.recompiles(cell_steps), args.max_compiles,
+                                      f"--max-compiles {args.max_compiles}")
+            if over is not None:
+                budget.enforce(over)
 
     def _cell_number(self) -> int:
         """The running cell's number, [N] on the page: the number IPython gave the
