@@ -27,6 +27,7 @@ StepRecord.__repr__ = _step_text
 # name -> the module that defines it, imported when the name is first read
 _ON_FIRST_USE = {
     "explain": "xlakit.notebook.breaks_view",
+    "history": "xlakit.notebook.history_plot",
     "sharding_view": "xlakit.notebook.sharding_view",
     "load_ipython_extension": "xlakit.notebook",  # `%load_ext xlakit`
 }
@@ -42,6 +43,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'xlakit' has no attribute {name!r}")
 
 
-__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "profile", "metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "profile", "history", "metrics",
            "reset_metrics", "clear_cache", "reset", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
            "shard_module", "sharding_view", "record", "__version__"]

@@ -13,6 +13,7 @@ from ..analysis import budget
 from ..config import config
 from ..core.record import Backend, StepRecord
 from ..core.state import PROCESS
+from .history_plot import HistoryPlot
 from .views import HistoryView, StepView
 
 # (cell name, record) for the steps run under %%xla_step, oldest first: the
@@ -96,11 +97,15 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("--clear", action="store_true", help="forget the history")
+    @argument("--plot", action="store_true",
+              help="draw it: per step Python, compile and execute time, the compiles, the peak memory")
     @line_magic
     def xla_history(self, line):
         """Table of all %%xla_step steps so far, with compile vs execute time per step."""
         args = parse_argstring(self.xla_history, line)
         if args.clear:
             HISTORY.clear()
+        elif args.plot:
+            display(HistoryPlot(HISTORY))
         else:
             display(HistoryView(HISTORY))
