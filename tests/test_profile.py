@@ -194,3 +194,20 @@ def test_the_profile_tab_shows_modules_lines_and_the_slowest_ops_with_their_hlo(
     assert "Profile" in [tabs.get_title(i) for i in range(len(tabs.children))]
     # an unprofiled step has no Profile tab
     assert profile_view.sections(xlakit.steps()[-2]) == []
+
+
+def test_a_trace_already_running_is_named_and_the_step_keeps_its_values(dev, tmp_path):
+    import jax
+
+    from xlakit.engine.profiling import ProfilerBusyError
+
+    x = torch.ones(8).to(dev)
+    jax.profiler.start_trace(str(tmp_path))
+    try:
+        with pytest.raises(ProfilerBusyError, match="another JAX profiler trace is running"):
+            with xlakit.profile():
+                y = x * 4
+                xlakit.mark_step()
+    finally:
+        jax.profiler.stop_trace()
+    assert y.cpu().tolist() == [4.0] * 8

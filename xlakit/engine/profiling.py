@@ -93,9 +93,10 @@ def _trace(compiled, inputs: list, donated: list[bool], runs: int):
 
 def _per_run(data, module: str | None, runs: int) -> tuple[dict[str, float], float]:
     """(each HLO instruction's seconds in one run, the executable's device seconds): medians
-    over the runs. A device's planes where they have op events (a GPU's host plane has its
-    launches too), else the host's (XLA:CPU); its "XLA Ops" line where it has one."""
-    found = []  # (plane is a device's, line name, op, run, start ns, duration ns)
+    over the runs; a step on several devices, the mean of a device's. A device's planes where
+    they have op events (a GPU's host plane has its launches too), else the host's (XLA:CPU);
+    its "XLA Ops" line where it has one."""
+    found = []  # (plane is a device's, line name, op, (run, device), start ns, duration ns)
     for plane in data.planes:
         for line in plane.lines:
             for event in line.events:
@@ -103,24 +104,28 @@ def _per_run(data, module: str | None, runs: int) -> tuple[dict[str, float], flo
                 op = stats.get("hlo_op")
                 if op is None or (module is not None and stats.get("hlo_module", module) != module):
                     continue
-                found.append((plane.name.startswith("/device:"), line.name, op, stats.get("run_id"),
+                found.append((plane.name.startswith("/device:"), line.name, op,
+                              (stats.get("run_id"), stats.get("device_ordinal", plane.name)),
                               event.start_ns, event.duration_ns))
     if any(e[0] for e in found):
         found = [e for e in found if e[0]]
     if any(e[1] == "XLA Ops" for e in found):
         found = [e for e in found if e[1] == "XLA Ops"]
-    by_run = defaultdict(list)
-    for _, _, op, run, start, duration in found:
+    by_run, devices = defaultdict(list), defaultdict(set)
+    for _, _, op, (run, device), start, duration in found:
         by_run[run].append((op, start, duration))
-    groups = list(by_run.values())
-    share = 1 / runs if len(groups) == 1 and None in by_run else 1.0  # no run ids: all runs in one group
+        devices[run].add(device)
+    groups = [(events, len(devices[run])) for run, events in by_run.items()]
+    no_ids = len(groups) == 1 and None in by_run  # all runs in one group
     totals, spans = defaultdict(list), []
-    for events in groups:
+    for events, device_count in groups:
+        share = (1 / runs if no_ids else 1.0) / device_count
         per_op = defaultdict(float)
         for op, _, duration in events:
             per_op[op] += duration * 1e-9 * share
         for op in per_op.keys() | totals.keys():
             totals[op].append(per_op.get(op, 0.0))
-        spans.append((max(s + d for _, s, d in events) - min(s for _, s, _ in events)) * 1e-9 * share)
+        spans.append((max(s + d for _, s, d in events) - min(s for _, s, _ in events)) * 1e-9
+                     * (1 / runs if no_ids else 1.0))
     seconds = {op: statistics.median(times + [0.0] * (len(groups) - len(times))) for op, times in totals.items()}
     return seconds, statistics.median(spans) if spans else 0.0
