@@ -211,3 +211,23 @@ def test_a_trace_already_running_is_named_and_the_step_keeps_its_values(dev, tmp
     finally:
         jax.profiler.stop_trace()
     assert y.cpu().tolist() == [4.0] * 8
+
+
+def test_another_threads_steps_are_not_profiled(dev):
+    import threading
+
+    def other():
+        z = torch.ones(5).to(dev) * 7
+        xlakit.mark_step()
+        done.append((xlakit.last_step(), z))
+
+    done = []
+    with xlakit.profile() as steps:
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        y = torch.ones(6).to(dev) * 2
+        xlakit.mark_step()
+    (theirs, z), = done
+    assert theirs.profile is None and z.cpu().tolist() == [7.0] * 5
+    assert [r.profile is not None for r in steps] == [True]

@@ -17,6 +17,7 @@ import os
 import re
 import statistics
 import tempfile
+import threading
 import time
 from collections import defaultdict
 
@@ -40,11 +41,14 @@ class Profiling:
         if runs < 1:
             raise ValueError(f"xlakit.profile(runs={runs}): profile at least one run")
         self.runs = runs
+        self.thread = threading.get_ident()  # the thread whose steps it profiles, as capture() keeps them
         self._kept = None              # (entry, inputs, which are donated) of the step now running
         self._copy_seconds = 0.0
 
     def keep_inputs(self, entry, arrays: list) -> None:
         """Before a step runs `entry` on `arrays`: a copy of each array it donates, the others as they are."""
+        if threading.get_ident() != self.thread:
+            return
         t0 = time.perf_counter()
         donated = [info.donated for info in jax.tree_util.tree_leaves(entry.compiled.args_info)]
         self._kept = (entry, [jnp.copy(a) if d else a for a, d in zip(arrays, donated)], donated)
@@ -54,7 +58,7 @@ class Profiling:
         """Run the kept step's executable again under the profiler. Returns the record's changes:
         its `profile`, and its `timings` without the input copies made inside its timed run
         (None if no step was kept)."""
-        if self._kept is None:
+        if self._kept is None or threading.get_ident() != self.thread:
             return None
         entry, inputs, donated = self._kept
         self._kept = None
