@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import math
 import re
 
 from ..analysis.footprint import short_op
@@ -30,7 +31,8 @@ def sections(record: StepRecord) -> list[tuple[str, str]]:
 
 def profile_html(record: StepRecord) -> str:
     p = record.profile
-    return "".join([_summary(record, p), _timeline(record, p), _modules(p), _lines(p), _ops(record, p)])
+    return "".join([_summary(record, p), _timeline(record, p), _modules(p), _lines(p), _ops(record, p),
+                    _roofline(p)])
 
 
 def _summary(record: StepRecord, p: ProfileInfo) -> str:
@@ -136,6 +138,49 @@ def _ops(record: StepRecord, p: ProfileInfo) -> str:
     rest = f"<div>and {len(p.ops) - TOP_OPS} faster ops</div>" if len(p.ops) > TOP_OPS else ""
     return (f"<h5>Slowest ops (measured; an op's HLO shows on hovering its name)</h5>"
             f'<table class="xlakit-profile-ops">{head}{"".join(rows)}</table>{rest}')
+
+
+# where an op's module puts its point in the roofline picture
+_KIND_COLORS = (("backward", "#f29900"), ("optimizer", "#a142f4"), ("forward", "#1a73e8"))
+
+
+def _kind(module: str) -> str:
+    return "backward" if module.startswith("backward") else "optimizer" if module.startswith("optimizer") \
+        else "forward"
+
+
+def _roofline(p: ProfileInfo) -> str:
+    """Each op with FLOPs as a point: FLOPs per byte (x) against achieved FLOP/s (y), both on
+    log scales. Low on the left: few FLOPs per byte, bound by memory bandwidth."""
+    points = [op for op in p.ops if op.flops > 0 and op.bytes > 0 and op.seconds > 0]
+    if len(points) < 2:
+        return ""
+    xs = [math.log10(op.flops / op.bytes) for op in points]
+    ys = [math.log10(op.flops / op.seconds) for op in points]
+    x0, x1, y0, y1 = min(xs), max(xs) + 1e-9, min(ys), max(ys) + 1e-9
+    width, height, left, bottom = 360, 200, 60, 24
+    out = [f'<svg class="xlakit-roofline" width="{width + left + 10}" height="{height + bottom + 10}" '
+           'font-size="9" font-family="monospace">',
+           f'<rect x="{left}" y="0" width="{width}" height="{height}" fill="none" stroke="#ccc"/>',
+           f'<text x="2" y="9">{_rate(10 ** y1, 1, "FLOP/s")}</text>',
+           f'<text x="2" y="{height}">{_rate(10 ** y0, 1, "FLOP/s")}</text>',
+           f'<text x="{left}" y="{height + 12}">{10 ** x0:.2g} FLOP/B</text>',
+           f'<text x="{left + width - 60}" y="{height + 12}">{10 ** x1:.2g} FLOP/B</text>']
+    for op, x, y in zip(points, xs, ys):
+        cx = left + (x - x0) / (x1 - x0) * (width - 8) + 4
+        cy = height - (y - y0) / (y1 - y0) * (height - 8) - 4
+        color = dict(_KIND_COLORS)[_kind(op.module)]
+        title = (f"{op.hlo_op} [{op.module or 'top level'}]: {_us(op.seconds)}, {op.flops / op.bytes:.2f} FLOP/B, "
+                 f"{_rate(op.flops, op.seconds, 'FLOP/s')}")
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{color}" fill-opacity="0.7">'
+                   f"<title>{html.escape(title)}</title></circle>")
+    legend = "".join(f'<rect x="{left + 90 * i}" y="{height + 17}" width="8" height="8" fill="{color}"/>'
+                     f'<text x="{left + 90 * i + 11}" y="{height + 25}">{kind}</text>'
+                     for i, (kind, color) in enumerate(_KIND_COLORS))
+    out.append(legend + "</svg>")
+    return ("<h5>Measured against estimated: each op's FLOPs per byte and achieved FLOP/s (log scales)</h5>"
+            "<div>Ops on the left do few FLOPs per byte they move: memory bandwidth bounds them. JAX reports "
+            "no peak FLOP/s or bandwidth for the device, so no roof is drawn.</div>" + "".join(out))
 
 
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = ")
