@@ -27,6 +27,7 @@ _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = ((?:\([^=]*?\))|\S+) ([\w
 _CALLED = re.compile(r"(?:calls|body|condition|to_apply)=%([\w.\-]+)")
 _BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
 _OPERAND = re.compile(r"%([\w.\-]+)")
+_INPUT = re.compile(r'op_name="params\[(\d+)\]"')
 _SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
 _ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
              "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
@@ -38,13 +39,16 @@ _OWN = {"copy": "a layout copy XLA added", "copy-start": "an asynchronous copy X
 
 
 class _Instruction:
-    __slots__ = ("name", "opcode", "result_bytes", "operands", "arguments", "called")
+    __slots__ = ("name", "opcode", "result_bytes", "operands", "input", "called")
 
     def __init__(self, name: str, shape: str, opcode: str, operands: str, rest: str):
         self.name, self.opcode = name, opcode
         self.result_bytes = _shape_bytes(shape)
         self.operands = _OPERAND.findall(operands)
-        self.arguments = operands  # a parameter's is its number
+        # a parameter's input: the argument its metadata names (JAX leaves unused ones out of the numbering)
+        named = _INPUT.search(rest)
+        self.input = int(named.group(1)) if named else int(operands) if opcode == "parameter" and \
+            operands.strip().isdigit() else None
         self.called = _CALLED.findall(rest) + [c.strip().lstrip("%") for group in _BRANCHES.findall(rest)
                                                for c in group.split(",") if c.strip()]
 
@@ -136,8 +140,8 @@ def _own(instruction: _Instruction | None, instructions, graph: GraphInfo) -> st
         return "an instruction XLA made, from no recorded op"
     if instruction.opcode == "copy" and instruction.operands:
         source = instructions.get(instruction.operands[0])
-        if source is not None and source.opcode == "parameter" and source.arguments.strip().isdigit():
-            index = int(source.arguments)
+        if source is not None and source.opcode == "parameter" and source.input is not None:
+            index = source.input
             label = graph.params[index].label if index < len(graph.params) else None
             return f"a copy XLA made of input {index}" + (f" ({label})" if label else "")
     return _OWN.get(instruction.opcode, f"{instruction.opcode} XLA made, from no recorded op")
