@@ -77,7 +77,7 @@ def test_a_profiled_llama_step_is_joined_to_its_modules_and_keeps_its_values(dev
         assert bool(op.nodes) != bool(op.xla_own), op
         assert op.split == (len(op.nodes) > 1)
         assert all(0 <= n < rec.num_nodes for n in op.nodes)
-    # XLA's copies of donated inputs (the old value read after the new one is written) name the input
+    # XLA's copies of inputs name the input
     labels = {p.label for p in rec.graph.params}
     copies = [op for op in profile.ops if op.xla_own.startswith("a copy XLA made of input")]
     assert copies and all(op.xla_own.split("(")[-1].rstrip(")") in labels for op in copies)

@@ -72,7 +72,9 @@ def profile(runs: int = 1):
     measured: after it ran, its cached executable runs `runs` more times (the median is kept)
     under JAX's profiler, on copies of the inputs it donates, and `rec.profile` says where the
     time went, per HLO op, node, module and line, and what profiling cost. The step itself, its
-    key and its cache hit are as without profiling."""
+    key and its cache hit are as without profiling. Meanwhile the device holds a copy of what the
+    step donates (a training step's parameters and optimizer state): one that fills the device's
+    memory cannot be profiled this way."""
     return current().profiled(runs)
 
 
