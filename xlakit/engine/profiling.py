@@ -25,13 +25,14 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis import profile as join
+from ..core import sources
 from ..core.record import StepRecord
 
 _MODULE = re.compile(r"HloModule ([\w.\-]+)")
 
 
-class ProfilerBusyError(RuntimeError):
-    """Another JAX trace is running: one process records one trace at a time."""
+class ProfilingWarning(UserWarning):
+    """A step inside xlakit.profile() could not be profiled (it ran as without profiling)."""
 
 
 class Profiling:
@@ -51,26 +52,40 @@ class Profiling:
             return
         t0 = time.perf_counter()
         donated = [info.donated for info in jax.tree_util.tree_leaves(entry.compiled.args_info)]
-        self._kept = (entry, [jnp.copy(a) if d else a for a, d in zip(arrays, donated)], donated)
+        try:
+            self._kept = (entry, [jnp.copy(a) if d else a for a, d in zip(arrays, donated)], donated)
+        except Exception as error:  # noqa: BLE001 - the step runs as without profiling (out of memory, ...)
+            self._kept = None
+            _not_profiled(f"its inputs could not be copied: {error}")
         self._copy_seconds = time.perf_counter() - t0
 
     def profile(self, record: StepRecord) -> dict | None:
         """Run the kept step's executable again under the profiler. Returns the record's changes:
         its `profile`, and its `timings` without the input copies made inside its timed run
-        (None if no step was kept)."""
+        (None if no step was kept, or it could not be profiled: a warning says why; the step's
+        own results are bound already, so profiling never costs them)."""
         if self._kept is None or threading.get_ident() != self.thread:
             return None
         entry, inputs, donated = self._kept
         self._kept = None
         t0 = time.perf_counter()
         module = _MODULE.match(entry.hlo or "")
-        events = _trace(entry.compiled, inputs, donated, self.runs)
+        try:
+            events = _trace(entry.compiled, inputs, donated, self.runs)
+        except Exception as error:  # noqa: BLE001 - reported; the step itself ran
+            _not_profiled(str(error))
+            return None
         seconds, device_seconds = _per_run(events, module.group(1) if module else None, self.runs)
         measured = join.join(record, seconds, device_seconds=device_seconds, runs=self.runs,
                              overhead_seconds=self._copy_seconds + time.perf_counter() - t0,
                              platform=jax.default_backend())
         execute = max(0.0, record.timings.execute - self._copy_seconds)
         return {"profile": measured, "timings": dataclasses.replace(record.timings, execute=execute)}
+
+
+def _not_profiled(why: str) -> None:
+    sources.warn(f"xlakit.profile(): this step ran but could not be profiled: {why}", sources.capture(),
+                 ProfilingWarning)
 
 
 def _trace(compiled, inputs: list, donated: list[bool], runs: int):
@@ -88,9 +103,8 @@ def _trace(compiled, inputs: list, donated: list[bool], runs: int):
         except RuntimeError as error:
             if "already" not in str(error):
                 raise
-            raise ProfilerBusyError(
-                "xlakit.profile(): another JAX profiler trace is running (jax.profiler.start_trace or "
-                "trace); stop it first, one process records one trace at a time") from error
+            raise RuntimeError("another JAX profiler trace is running (jax.profiler.start_trace or trace): "
+                               "stop it first, one process records one trace at a time") from error
         path, = glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True)
         return jax.profiler.ProfileData.from_file(path)
 
