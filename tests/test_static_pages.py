@@ -61,8 +61,11 @@ CELLS = [
     "%%xla_step --name mlp\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(8, 4).to(dev)\n"
     "model(torch.randn(2, 8).to(dev)).sum().backward()",
     "%%xla_step --name mlp\nmodel(torch.randn(2, 8).to(dev)).sum().backward()",
+    "%%xla_step --name mlp --profile\nmodel(torch.randn(2, 8).to(dev)).sum().backward()",
     "report = xlakit.explain(lambda t: torch.nonzero(t.sin() > 0).sum(), torch.arange(4.0))\nreport",
     "%xla_history",
+    "%xla_history --plot",
+    "xlakit.history()",
 ]
 
 
@@ -73,7 +76,7 @@ def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
     NotebookClient(notebook, timeout=600, store_widget_state=False,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     steps, reports = outputs(notebook, "step ", STEP_VIEW), outputs(notebook, "explain() ran")
-    assert steps == 2 and reports == 1
+    assert steps == 3 and reports == 1
     # the live display carries the widget too: the static HTML must win without its state
     assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
                for cell in notebook.cells for o in cell.get("outputs", []))
@@ -86,6 +89,9 @@ def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
     assert page.classes.get("at") == 1 and page.classes.get("xlakit-fx-graph") == 2
     assert page.classes.get("xlakit-graph", 0) >= steps + 4          # and each FX graph, as Dynamo and xlakit saw it
     assert page.classes.get("xlakit-history") == 1
+    assert page.classes.get("xlakit-profile-ops") == 1                # the profiled step's Profile tab
+    assert page.classes.get("xlakit-history-steps") == 2             # %xla_history --plot, xlakit.history()
+    assert page.classes.get("compile") >= 2                          # each draws the first step's compile
     assert "jupyter-widgets" not in page.classes                      # no empty widget box
 
 

@@ -78,3 +78,15 @@ def test_torch_xla_inplace_updates_through_xlakits_functionalization_match_eager
                 torch_xla.sync()
         runs[name] = m.weight.detach().cpu()
     torch.testing.assert_close(runs["torch_xla"], runs["eager"], rtol=1e-5, atol=1e-6)
+
+
+def test_torch_xla_steps_inside_a_profile_block_say_they_cannot_be_profiled():
+    import xlakit
+
+    dev = torch_xla.device()
+    with pytest.warns(UserWarning, match="torch_xla's executor ran this step"):
+        with xlakit.profile() as steps:
+            a = torch.arange(4.0).to(dev) * 3
+            adapter.step()
+    assert [r.backend for r in steps] == ["torch_xla"] and steps[0].profile is None
+    assert a.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]

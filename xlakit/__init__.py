@@ -16,8 +16,8 @@ from .core.sharding import Mesh
 from .front.labels import label
 from .front.spmd import mark_sharding, shard_module
 from .notebook.render import text as _step_text
-from .session import (capture, clear_cache, device, last_step, mark_step, metrics, reset, reset_metrics, save, steps,
-                      sync, wait)
+from .session import (capture, clear_cache, device, last_step, mark_step, metrics, profile, reset, reset_metrics, save,
+                      steps, sync, wait)
 from .version import __version__
 
 # A record prints as the step view's text. Core holds no words and imports nothing above it,
@@ -27,6 +27,7 @@ StepRecord.__repr__ = _step_text
 # name -> the module that defines it, imported when the name is first read
 _ON_FIRST_USE = {
     "explain": "xlakit.notebook.breaks_view",
+    "history": "xlakit.notebook.history_plot",
     "sharding_view": "xlakit.notebook.sharding_view",
     "load_ipython_extension": "xlakit.notebook",  # `%load_ext xlakit`
 }
@@ -42,6 +43,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'xlakit' has no attribute {name!r}")
 
 
-__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "profile", "history", "metrics",
            "reset_metrics", "clear_cache", "reset", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
            "shard_module", "sharding_view", "record", "__version__"]

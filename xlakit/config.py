@@ -22,6 +22,12 @@ class Config:
     checks: bool = os.environ.get("XLAKIT_CHECKS", "1") != "0"
     # StepRecords kept in memory (xlakit.steps()); older ones are dropped.
     record_limit: int = int(os.environ.get("XLAKIT_RECORD_LIMIT", "10000"))
+    # Warn when the steps one user line runs (a loop's step marker) compile more than this
+    # many times after its first step, naming each miss's why; None: no budget. %%xla_step
+    # --max-compiles N sets one per cell.
+    max_recompiles: int | None = None
+    # Raise instead of warning when a recompile budget is exceeded.
+    strict_recompiles: bool = False
 
 
 config = Config()

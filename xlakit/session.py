@@ -11,7 +11,7 @@ from .front import install
 from .front.recorder import DEVICE
 from .front.tensor import lazy_values
 
-__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "metrics",
+__all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "profile", "metrics",
            "reset_metrics", "clear_cache", "reset"]
 
 
@@ -65,6 +65,17 @@ def capture():
     adapter's included; not those other threads run meanwhile), in order;
     it holds them also when the block raises, and captures nest."""
     return current().log.capture()
+
+
+def profile(runs: int = 1):
+    """`with xlakit.profile() as steps: ...` -- as capture(), and each step executed inside is
+    measured: after it ran, its cached executable runs `runs` more times (the median is kept)
+    under JAX's profiler, on copies of the inputs it donates, and `rec.profile` says where the
+    time went, per HLO op, node, module and line, and what profiling cost. The step itself, its
+    key and its cache hit are as without profiling. Meanwhile the device holds a copy of what the
+    step donates (a training step's parameters and optimizer state): one that fills the device's
+    memory cannot be profiled this way."""
+    return current().profiled(runs)
 
 
 def metrics() -> dict[str, int]:

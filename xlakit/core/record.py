@@ -207,6 +207,43 @@ class Collective:
     group_size: int | None          # devices in each group (pairs for collective-permute); None: unknown
 
 
+@dataclasses.dataclass(frozen=True)
+class ProfiledOp:
+    """One optimized HLO instruction's measured time (one run) and what it came from.
+    A fusion of several nodes lists them all: `split`, its time is shared among them
+    (in `ProfileInfo.by_module`) by their estimated FLOPs. One with no nodes is XLA's
+    own (`xla_own` says what: a layout copy, a tuple, ...)."""
+
+    hlo_op: str                   # the instruction's name in StepRecord.hlo ("fusion.3")
+    seconds: float
+    nodes: tuple[int, ...]        # indices into StepRecord.graph.nodes
+    module: str                   # the module path of its largest share ("" top level)
+    source: Source | None         # the user's (and library's) line of its largest share
+    flops: float                  # estimated from its nodes (analysis/flops.py)
+    bytes: float                  # its operands and result, from the optimized HLO's shapes
+    opcode: str = ""              # fusion, dot, copy, ...
+    split: bool = False
+    xla_own: str = ""             # why no node made it; "" when nodes did
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileInfo:
+    """Where one run of the step's executable spent its time, measured with JAX's profiler
+    (the median of `runs` runs). `by_module` keys are module paths ("model.layers.0.mlp",
+    "backward.model.layers.0.mlp", "optimizer"), "(top level)" for ops outside any
+    module, "(XLA's own)" for ops no node made."""
+
+    device_seconds: float         # the executable's time on the device, first op's start to last op's end
+    op_seconds: float             # the ops' own times summed (ops may overlap on a CPU's threads)
+    ops: tuple[ProfiledOp, ...]   # slowest first
+    by_module: dict[str, float]
+    by_line: dict[str, float]     # per user line ("cell 4 line 3", "train.py:12")
+    coverage: float               # share of op_seconds attributed to nodes
+    runs: int
+    overhead_seconds: float       # what profiling cost: input copies, the runs, reading the trace
+    platform: str = ""            # "cpu", "gpu", "tpu"
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class StepRecord:
     """One execution. `trigger`, `cache` and `backend` are enums equal to their
@@ -240,6 +277,7 @@ class StepRecord:
     shardings: ShardingInfo | None = None  # None: the step ran on one device
     collectives: tuple[Collective, ...] = ()  # in the optimized HLO
     replay: Replay | None = None      # how its ops were recorded; None: not by xlakit's recorder
+    profile: ProfileInfo | None = None  # measured, when it ran inside xlakit.profile()
 
     @property
     def donated_bytes(self) -> int | None:

@@ -16,7 +16,7 @@ import jax
 import torch
 
 from ..analysis import executable as analysis
-from ..analysis import misses
+from ..analysis import budget, misses
 from ..config import config
 from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
@@ -24,7 +24,7 @@ from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, 
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
 from . import cache as cache_mod
-from . import check_results, keys, stages, tape
+from . import check_results, keys, profiling, stages, tape
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -110,6 +110,8 @@ class Engine:
         self.ledger = check_results.Ledger()
         # the ops recorded since the last sync, matched against the run that followed it before
         self.tape = tape.Tape()
+        # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
+        self.profiling: profiling.Profiling | None = None
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
@@ -343,6 +345,14 @@ class Engine:
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
         self.trace_seconds = 0.0
+        if self.profiling is not None:
+            changes = self.profiling.profile(self.log.records[-1])
+            if changes is not None:
+                self.log.revise(self.log.records[-1], **changes)
+        if config.max_recompiles is not None:
+            over = budget.LINES.observe(self.log.records[-1], config.max_recompiles, config.strict_recompiles)
+            if over is not None:
+                budget.enforce(over)
 
     def _load(self, key: keys.Key, graph: Graph, placement):
         """The executable an earlier process stored for this key: no lowering, no compile.
@@ -403,6 +413,8 @@ class Engine:
 
     def _run(self, entry, arrays: list, graph: Graph | None):
         entry.uses += 1
+        if self.profiling is not None:  # before the run: it frees the buffers it donates
+            self.profiling.keep_inputs(entry, arrays)
         try:
             outputs = entry.compiled(*arrays)
             self.in_flight = outputs
@@ -444,6 +456,23 @@ class Engine:
     def zero_counters(self) -> None:
         for name in self.counters:
             self.counters[name] = 0
+
+    # -- profiling ----------------------------------------------------------
+    @contextlib.contextmanager
+    def profiled(self, runs: int = 1):
+        """`with engine.profiled() as steps:` -- the records of this thread's executions inside, each
+        with `.profile`: its executable run `runs` more times under JAX's profiler (engine/profiling.py)."""
+        session = profiling.Profiling(runs)
+        with self.lock:
+            if self.profiling is not None:
+                raise RuntimeError("xlakit.profile(): already profiling; profile blocks do not nest")
+            self.profiling = session
+        try:
+            with self.log.capture() as steps:
+                yield steps
+        finally:
+            with self.lock:
+                self.profiling = None
 
 
 @contextlib.contextmanager

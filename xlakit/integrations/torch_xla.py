@@ -18,6 +18,7 @@ import time
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from ..core import sources
 from ..core.ir import digest
 from ..core.record import (
     Backend,
@@ -34,6 +35,10 @@ from ..core.record import (
 from ..engine.executor import current
 from ..engine.keys import compiler_xla_flags
 
+CANNOT_PROFILE = ("xlakit.profile(): torch_xla's executor ran this step, so xlakit cannot run its executable "
+                  "again under JAX's profiler: its record has no .profile. torch_xla's own profiler "
+                  "(torch_xla.debug.profiler) traces it, without xlakit's join to modules and lines; "
+                  "the xlakit backend (the default) profiles the same code")
 INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch-xla]' "
                 "(torch_xla 2.9.0 needs torch==2.9.0; set PJRT_DEVICE=CPU, TPU or CUDA)")
 
@@ -140,6 +145,8 @@ def step(tensors: list[torch.Tensor] | None = None, trigger: Trigger | str | Non
     log = current().log  # the one log, the engine's records beside these
     record = _record(log.next_index, trigger, graph_hash, ir_text, delta, wall, implicit_executions)
     log.append(record)
+    if current().profiling is not None:
+        sources.warn(CANNOT_PROFILE, sources.capture())
     return record
 
 

@@ -9,9 +9,11 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from .. import session
+from ..analysis import budget
 from ..config import config
 from ..core.record import Backend, StepRecord
 from ..core.state import PROCESS
+from .history_plot import HistoryPlot
 from .views import HistoryView, StepView
 
 # (cell name, record) for the steps run under %%xla_step, oldest first: the
@@ -27,6 +29,13 @@ class XlaMagics(Magics):
     @argument("--name", help="name for this cell's steps (default: the cell number)")
     @argument("--hlo", action="store_true", help="show the HLO of each executable")
     @argument("--quiet", action="store_true", help="record, but show nothing")
+    @argument("--profile", action="store_true",
+              help="measure each step's executable with JAX's profiler (a Profile tab: time per module, line, op)")
+    @argument("--max-compiles", type=int, default=None, metavar="N",
+              help="warn (config.strict_recompiles: raise) when this cell's steps compile more than N times "
+                   "after its first step")
+    @argument("--profile-runs", type=int, default=1, metavar="N",
+              help="with --profile: run each executable N times and keep the median (default 1)")
     @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
               help="whose executor: xlakit's, or the real torch_xla's")
     @cell_magic
@@ -37,7 +46,7 @@ class XlaMagics(Magics):
         run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
-            with session.capture() as records:
+            with session.profile(args.profile_runs) if args.profile else session.capture() as records:
                 run(cell)
         finally:
             # on an error, what ran so far is still shown; the error then propagates
@@ -47,6 +56,12 @@ class XlaMagics(Magics):
                 HISTORY.append((name, record))
                 if not args.quiet:
                     display(StepView(record, name, previous, args.hlo))
+        if args.max_compiles is not None:
+            cell_steps = [r for n, r in HISTORY if n == name]
+            over = budget.over_budget(f"cell {name!r}", budget.recompiles(cell_steps), args.max_compiles,
+                                      f"--max-compiles {args.max_compiles}")
+            if over is not None:
+                budget.enforce(over)
 
     def _cell_number(self) -> int:
         """The running cell's number, [N] on the page: the number IPython gave the
@@ -82,11 +97,15 @@ class XlaMagics(Magics):
 
     @magic_arguments()
     @argument("--clear", action="store_true", help="forget the history")
+    @argument("--plot", action="store_true",
+              help="draw it: per step Python, compile and execute time, the compiles, the peak memory")
     @line_magic
     def xla_history(self, line):
         """Table of all %%xla_step steps so far, with compile vs execute time per step."""
         args = parse_argstring(self.xla_history, line)
         if args.clear:
             HISTORY.clear()
+        elif args.plot:
+            display(HistoryPlot(HISTORY))
         else:
             display(HistoryView(HISTORY))

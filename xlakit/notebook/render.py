@@ -1,6 +1,6 @@
 """StepRecord -> plain text and static HTML: the step view (its summary, key, why,
 donation, cache and time panels here, each as text and HTML; memory and cost in
-panels.py, sharding in sharding_view.py) and the history. Views read records;
+panels.py, the measured profile in profile_view.py, sharding in sharding_view.py) and the history. Views read records;
 they never reach into the engine.
 
 The plain text is deterministic (no timings, no addresses) so nbval and
@@ -13,7 +13,7 @@ import html
 
 from ..analysis import misses
 from ..core.record import Backend, Cache, StepRecord, Timings
-from . import graph_dot, panels, sharding_view
+from . import graph_dot, panels, profile_view, sharding_view
 from .units import human_bytes
 
 # left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
@@ -195,6 +195,7 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         ("Cache and time", "<h4>Cache and time</h4>" + timing_table(record)),
         ("Memory", "<h4>Memory</h4>" + panels.memory_html(record)),
         ("Cost", "<h4>Cost</h4>" + panels.cost_html(record)),
+        *profile_view.sections(record),
         *sharding_view.sections(record),
     ]
     if hlo:

@@ -79,7 +79,7 @@ class StepView(Displayed):
         return render.html_view(self.record, self.name, self.previous, self.hlo)
 
     def widget(self):
-        """Tabs (Graph, Key, Why, Donation, Cache and time, Memory, Cost[, HLO]) under a one-line header."""
+        """Tabs (Graph, Key, Why, Donation, Cache and time, Memory, Cost[, Profile][, HLO]) under a one-line header."""
         import ipywidgets
 
         from . import graph_widget

@@ -1,0 +1,36 @@
+"""The history as a picture (%xla_history --plot, xlakit.history()): per step its Python,
+compile and execute time, a mark on each step that compiled with its why, the peak memory."""
+import re
+
+import torch
+
+import xlakit
+from xlakit.notebook import history_plot
+
+
+def test_the_plot_draws_each_steps_time_its_compiles_and_peak_memory(dev):
+    xlakit.reset()
+    sums = []
+    for n in (30, 30, 31, 31):
+        sums.append((torch.ones(n).to(dev).cumsum(0) * 1.5).sum())
+        xlakit.mark_step()
+    assert [s.item() for s in sums] == [697.5, 697.5, 744.0, 744.0]
+    records = xlakit.steps()
+    plot = xlakit.history()
+    page = plot._repr_html_()
+    assert "<script" not in page and page.count('<svg class="xlakit-history-steps"') == 1
+    # three parts of each step's wall time, each with its milliseconds
+    for r in records:
+        for part in ("Python (trace + lower)", "compile", "execute"):
+            assert re.search(rf"step {r.index} \([^)]*\): {re.escape(part)} [\d.]+ ms", page), (r.index, part)
+    # a dot per compile, the second naming what changed
+    dots = re.findall(r'<circle class="compile".*?<title>(.*?)</title>', page)
+    assert len(dots) == 2 and "input 0 now f32[31], was f32[30]" in dots[1]
+    assert 'points="' in page and "peak memory per device" in page
+    assert repr(plot).startswith("4 steps: Python ") and "2 compiled" in repr(plot)
+
+
+def test_no_steps_is_said(dev):
+    xlakit.reset()
+    assert history_plot.text([]) == "No steps yet."
+    assert "No steps yet." in history_plot.HistoryPlot([])._repr_html_()
