@@ -43,6 +43,8 @@ def _meta(self, mat2, offs=None, bias=None, out_dtype=None):
     """Eager CPU's checks (its messages) and the output, a contiguous meta tensor."""
     torch._check(self.dtype in _DTYPES,
                  lambda: f"Expected mat_a to be Float32, BFloat16 or Float16 matrix, got {self.dtype}")
+    torch._check(mat2.dtype in _DTYPES,
+                 lambda: f"Expected mat_b to be Float32, BFloat16 or Float16 matrix, got {mat2.dtype}")
     torch._check(mat2.dtype == self.dtype, lambda: f"expected m1 and m2 to have the same dtype, but got: "
                                                    f"{self.dtype} != {mat2.dtype}")
     torch._check(self.dim() in (2, 3), lambda: "mat_a has to be 2 or 3d")
@@ -80,16 +82,16 @@ def _group_sizes(offs, size: int):
 
 @lowers("aten::_grouped_mm", meta=_meta)
 def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
-    accumulate = jnp.float32 if self.dtype != jnp.float32 else None  # half types sum in float32, as eager
+    # half types: products of their values are exact in float32, where eager sums them too
+    # (XLA's CPU dot has no bfloat16 x bfloat16 -> float32 for every layout)
+    self, mat2 = self.astype(jnp.float32), mat2.astype(jnp.float32)
     if offs is None:  # (G, M, K) x (G, K, N)
-        return jnp.matmul(self, mat2, preferred_element_type=accumulate)
+        return jnp.matmul(self, mat2)
     if self.ndim == 2 and mat2.ndim == 3:  # rows of self grouped: a ragged non-contracting dimension
-        return lax.ragged_dot(self, mat2, _group_sizes(offs, self.shape[0]), preferred_element_type=accumulate)
+        return lax.ragged_dot(self, mat2, _group_sizes(offs, self.shape[0]))
     if self.ndim == 2:  # the contracted dimension grouped: one product per group
         numbers = lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(((1,), (0,)), ((), ())),
                                                 lhs_ragged_dimensions=[1], rhs_group_dimensions=[])
-        return lax.ragged_dot_general(self, mat2, _group_sizes(offs, self.shape[1]), numbers,
-                                      preferred_element_type=accumulate)
+        return lax.ragged_dot_general(self, mat2, _group_sizes(offs, self.shape[1]), numbers)
     # columns of mat2 grouped: transposed, they are the ragged rows of mat2.T times self[g].T
-    sizes = _group_sizes(offs, mat2.shape[1])
-    return lax.ragged_dot(mat2.T, jnp.swapaxes(self, 1, 2), sizes, preferred_element_type=accumulate).T
+    return lax.ragged_dot(mat2.T, jnp.swapaxes(self, 1, 2), _group_sizes(offs, mat2.shape[1])).T
