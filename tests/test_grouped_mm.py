@@ -7,6 +7,7 @@ import torch
 
 import xlakit
 from conftest import assert_same
+from xlakit.analysis import flops
 
 GROUPS, M, K, N = 4, 24, 16, 8   # K and N multiples of 8: eager's kernel wants 16-byte strides
 # float16 / bfloat16: both accumulate in float32 and round once, but in another order: 1 ulp apart
@@ -129,3 +130,14 @@ def test_bad_arguments_raise_eagers_error_at_the_line(dev, change, message):
         torch._grouped_mm(a, b, offs=offs)
     with pytest.raises(RuntimeError, match=rf"_grouped_mm.*{message}.*test_grouped_mm.py:\d+"):
         torch._grouped_mm(a.to(dev), b.to(dev), offs=offs.to(dev))
+
+
+def test_flops_are_the_groups_products_whatever_their_sizes(dev):
+    # forward (2-D x 3-D) and both gradients (2-D x 3-D, 2-D x 2-D): 2·M·K·N each
+    a, b, offs = _case("2d_3d", torch.float32, seed=2)
+    lazy_a, lazy_b = a.to(dev).requires_grad_(), b.to(dev).requires_grad_()
+    torch._grouped_mm(lazy_a, lazy_b, offs=offs.to(dev)).square().sum().backward()
+    xlakit.mark_step()
+    graph = xlakit.last_step().graph
+    counted = [flops.node_flops(graph, n) for n in graph.nodes if "_grouped_mm" in n.op]
+    assert counted == [2 * M * K * N] * 3

@@ -30,17 +30,17 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden
 
 
 def mixtral(**kwargs):
-    return transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=4, **COMMON, **kwargs))
+    return transformers.MixtralForCausalLM(transformers.MixtralConfig(num_local_experts=4, **{**COMMON, **kwargs}))
 
 
 def qwen2_moe(**kwargs):
     # a shared expert beside the routed ones
     return transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
-        num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=64, **COMMON, **kwargs))
+        num_experts=4, moe_intermediate_size=32, shared_expert_intermediate_size=64, **{**COMMON, **kwargs}))
 
 
 def olmoe(**kwargs):
-    return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=4, **COMMON, **kwargs))
+    return transformers.OlmoeForCausalLM(transformers.OlmoeConfig(num_experts=4, **{**COMMON, **kwargs}))
 
 
 MODELS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "olmoe": olmoe}
@@ -55,10 +55,10 @@ def train_both(model, lazy, batch, dev, steps=STEPS):
     return step, lazy_losses, train(model, batch, lambda: None, steps=steps)
 
 
-def _pair(name, implementation, seed=0):
+def _pair(name, implementation, seed=0, **config):
     """(eager model, its copy on the device, a batch)."""
     torch.manual_seed(seed)
-    model = MODELS[name](experts_implementation=implementation)
+    model = MODELS[name](experts_implementation=implementation, **config)
     assert model.config._experts_implementation == implementation
     ids = torch.randint(0, VOCAB, (2, 8))
     return model, copy.deepcopy(model).to(xlakit.device()), dict(input_ids=ids, labels=ids)
@@ -97,10 +97,12 @@ def test_eager_experts_loop_falls_back_and_recompiles_with_the_routing(dev, fall
     assert list(reasons) == ["aten.nonzero.default"]
     assert "output shape depends on the data" in reasons["aten.nonzero.default"]
     assert "modeling_mixtral.py" in reasons["aten.nonzero.default"]
-    second = step.per_step[1]
+    first, second = step.per_step
     assert {str(r.trigger) for r in second} == {"fallback", "item", "mark_step"}  # one graph split per expert
-    assert second[-1].cache == "miss"  # the routing moved: the step's last graph has new shapes
-    assert any("now s64[" in why and "was s64[" in why for why in second[-1].why)
+    # the routing moved: besides the step marker's graph (the first step's also made the optimizer
+    # state), graphs between the fallbacks have new shapes
+    new = [r for r in second if r.key not in {r.key for r in first}]
+    assert len(new) >= 2 and str(new[-1].trigger) == "mark_step", [(str(r.trigger), r.why) for r in new]
 
 
 GREEDY_TOKENS = 6
@@ -108,7 +110,9 @@ GREEDY_TOKENS = 6
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_greedy_generate_with_static_cache_gives_eagers_tokens(dev, name):
-    model, lazy, _ = _pair(name, "grouped_mm", seed=1)
+    # weights wide enough that the tokens vary (tests/test_generation.py's GPT-2 too); the
+    # router's aux loss is for training (transformers' generate() cannot compute it)
+    model, lazy, _ = _pair(name, "grouped_mm", initializer_range=0.2, output_router_logits=False)
     model.eval(), lazy.eval()
     prompt = torch.tensor([[1, 5, 7, 9, 3]])
     settings = dict(max_new_tokens=GREEDY_TOKENS, do_sample=False, pad_token_id=0, cache_implementation="static")
