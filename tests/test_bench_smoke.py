@@ -21,3 +21,9 @@ def test_real_models_benchmark_runs_quick(new_python):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
     assert "| second (same cache dir) |" in done.stdout
+
+
+def test_moe_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "moe.py"), "--quick", timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| jax.jit ragged_dot, the floor |" in done.stdout and "| xlakit lazy (grouped_mm) |" in done.stdout

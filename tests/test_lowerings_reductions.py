@@ -312,6 +312,20 @@ def test_medians_modes_histograms(fn, inputs):
     check(fn, *inputs, exact=True)
 
 
+@pytest.mark.parametrize("dtype, bins, low, high", [
+    (dtype, *bounds) for dtype in (torch.int32, torch.int64, torch.uint8)
+    for bounds in ((4, 0, 3), (4, 0, 4), (3, 2, 2), (5, 0, 0), (3, -2, 7))
+    if dtype is not torch.uint8 or bounds[1] >= 0])  # eager: a negative uint8 bound overflows
+def test_integer_histc_counts_as_cuda(dtype, bins, low, high):
+    """Eager CPU has no integer histc; CUDA's, which transformers' MoE layers call on an
+    accelerator, bins in integer arithmetic, as a float histc of the same small values does."""
+    x = torch.tensor([0, 1, 2, 2, 3, 3, 3, 4, 7, 9] + ([] if dtype is torch.uint8 else [-3, -2]), dtype=dtype)
+    with pytest.raises(RuntimeError, match="not implemented for"):
+        torch.histc(x, bins=bins, min=low, max=high)
+    want = torch.histc(x.double(), bins=bins, min=low, max=high).to(dtype)
+    _same(_on_device(lambda t: torch.histc(t, bins=bins, min=low, max=high), [x]), want, exact=True)
+
+
 @_cases(
     max_of_empty=(lambda x: x.max(), [EMPTY]),
     max_dim_of_zero_size=(lambda x: x.max(0), [EMPTY]),

@@ -4,9 +4,11 @@ XLA's cost analysis (StepRecord.cost) counts the whole compiled executable, afte
 fusion; it cannot say which module a FLOP came from. This counts each recorded
 op, so a step's FLOPs can be split by module and by op: matmuls, convolutions
 and attention by torch's own formulas (torch.utils.flop_counter: 2·m·n·k),
-reductions one per input element, data movement (views, copies, gathers,
-factories) none, every other op one per output element. Estimates, shown
-beside XLA's total.
+`_grouped_mm` as its groups' products (2·m·n·k summed over the groups: the
+same for any group sizes, where XLA's CPU count of a ragged dot is the dense
+product per group), reductions one per input element, data movement (views,
+copies, gathers, factories) none, every other op one per output element.
+Estimates, shown beside XLA's total.
 """
 from __future__ import annotations
 
@@ -61,6 +63,11 @@ def _estimate(op: str, avals: tuple[str, ...], operand_avals: tuple[str | None, 
             pass
     name = short_op(op).removesuffix("_")
     out = outs[0] if outs else None
+    if name == "_grouped_mm" and out is not None and len(ins) > 1 and None not in ins[:2]:
+        # a ragged dot: each row of self (2-D x 2-D: each column) is in one group, whatever the group
+        # sizes; 2-D x 2-D's output holds a product per group over its share of the contraction
+        groups = out[0] if len(ins[0]) == len(ins[1]) == 2 else 1
+        return 2.0 * math.prod(out) * ins[0][-1] / groups
     if name in _OTHER_MATMULS and out is not None:
         k_from = ins[_OTHER_MATMULS[name]] if len(ins) > _OTHER_MATMULS[name] else None
         return 2.0 * math.prod(out) * (k_from[-1] if k_from else 1)

@@ -36,6 +36,7 @@ from . import (  # noqa: F401 (they register)
                bessel,
                decompositions,
                factories,
+               grouped_mm,
                indexing,
                linalg,
                nn,

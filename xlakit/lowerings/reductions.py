@@ -323,7 +323,9 @@ def histc(self, bins=100, min=0, max=0):
     widened by 1 each side if still equal); elements outside [min, max] and
     NaN are not counted; bin = int((x - min) * bins / (max - min)) in the
     input's dtype, the last bin closed. Eager raises where the data's range is
-    not finite; here such a call counts nothing."""
+    not finite; here such a call counts nothing. Integers: see `_histc_integers`."""
+    if jnp.issubdtype(self.dtype, jnp.integer):
+        return _histc_integers(self, bins, min, max)
     if self.dtype not in (jnp.float32, jnp.float64):
         raise NeedsEager(f"histc of {self.dtype}: eager rounds each step in that dtype")
     if min > max:
@@ -344,6 +346,27 @@ def histc(self, bins=100, min=0, max=0):
     position = jnp.where(inside, position, 0).astype(jnp.int64)
     position = jnp.minimum(position, bins - 1)
     return jnp.zeros((bins,), dtype).at[position].add(inside.astype(dtype))
+
+
+def _histc_integers(self, bins, min, max):
+    """Eager CPU has no integer histc, CUDA's kernel has, and transformers' MoE layers
+    count tokens per expert with it on every device but CPU and MPS (a float histc
+    there): the lazy device counts as CUDA does. Bounds are the Scalars truncated to
+    int64, or the data's range where they are equal (then widened by 1 each side if
+    still equal); bin = (x - min) * bins // (max - min) in int64, the last bin closed;
+    elements outside [min, max] are not counted; counts in the input's dtype."""
+    if min > max:
+        raise NeedsEager("histc: eager raises where max < min")
+    flat = self.reshape(-1).astype(jnp.int64)
+    if int(min) == int(max) and self.size > 0:
+        lo, hi = flat.min(), flat.max()
+    else:
+        lo, hi = jnp.int64(int(min)), jnp.int64(int(max))
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 1, lo), jnp.where(same, hi + 1, hi)
+    inside = (flat >= lo) & (flat <= hi)
+    position = jnp.minimum(jnp.where(inside, (flat - lo) * bins // (hi - lo), 0), bins - 1)
+    return jnp.zeros((bins,), self.dtype).at[position].add(inside.astype(self.dtype))
 
 
 # -- cumulative ops ----------------------------------------------------------------------

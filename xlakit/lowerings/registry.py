@@ -54,7 +54,10 @@ class Policy:
     frontend raises the same at record time); `fill`: the kernel is fill_, which
     converts a float16 / bfloat16 value unchecked for a one-element tensor
     (ATen's scalar_fill). `implementation`: OWN_DECOMPOSITION's function of the
-    op that returns its replacement; FRONTEND's handler."""
+    op that returns its replacement; FRONTEND's handler. `meta`: xlakit's own
+    shape and dtype rule (a function of meta tensors returning meta tensors),
+    used at record time instead of torch's meta kernel where that refuses what
+    eager CPU computes (`_grouped_mm`'s is CUDA-bound: bfloat16 only)."""
 
     handling: Handling = Handling.LOWERED
     reason: str = ""
@@ -64,6 +67,7 @@ class Policy:
     checked_scalars: tuple[str, ...] = ()
     fill: bool = False
     implementation: Callable | None = None
+    meta: Callable | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -99,7 +103,7 @@ def _register(names, *, policy: Policy | None = None, lowering: Lowering | None 
 
 def lowers(*names: str, promote: bool = False, opmath_scalar: str = "", **policy):
     """Register the decorated function as the lowering of `names`; `policy`: the
-    flags of `Policy` that go with it (lift_scalars=True, guard=check, ...)."""
+    flags of `Policy` that go with it (lift_scalars=True, guard=check, meta=rule, ...)."""
     def register(fn):
         _register(names, policy=Policy(**policy) if policy else None,
                   lowering=Lowering(fn, promote, opmath_scalar))
