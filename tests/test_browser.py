@@ -167,10 +167,9 @@ def widgets_drawn(page, count: int):
 
 def shown_once(page, count: int) -> None:
     """Each view's static HTML, the output after its widget's, is hidden (its Out[n] too) once the widget is drawn."""
-    static = page.locator("[class^='xlakit-widget-'][class$='-html']")
-    assert static.count() == count
-    for i in range(count):
-        assert not page.locator(".jp-OutputArea-child", has=static.nth(i)).is_visible()
+    shown = page.evaluate("() => [...document.querySelectorAll(\"[class^='xlakit-widget-'][class$='-html']\")]"
+                          ".map(box => box.closest('.jp-OutputArea-child').checkVisibility())")
+    assert shown == [False] * count
 
 
 def no_errors_shown(page) -> None:
