@@ -8,6 +8,7 @@ from IPython.utils.capture import capture_output
 
 import xlakit
 from xlakit.core import sources
+from xlakit.notebook import profile_view
 
 
 def run(shell, source):
@@ -91,3 +92,5 @@ def test_a_profiled_step_names_its_lines_by_cell_also_in_a_function_an_earlier_c
     result.raise_error()
     lines = set(xlakit.last_step().profile.by_line)
     assert f"cell {defined} line 2" in lines and lines <= {f"cell {defined} line 2", f"cell {profiled} line 1"}
+    tab = profile_view.profile_html(xlakit.last_step())  # the slowest ops' lines too, not IPython's file names
+    assert f"<td>cell {defined} line 2</td>" in tab and "ipython-input" not in tab
