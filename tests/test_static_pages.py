@@ -75,8 +75,10 @@ def executed(tmp_path_factory):
     """CELLS run by nbclient, which stores the widgets' state (its default, and docs builders')."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    NotebookClient(notebook, timeout=600, store_widget_state=True,
-                   resources={"metadata": {"path": str(tmp_path_factory.mktemp("run"))}}).execute()
+    with pytest.MonkeyPatch.context() as env:  # an empty cache: the history draws the first step's compile
+        env.setenv("XLAKIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        NotebookClient(notebook, timeout=600, store_widget_state=True,
+                       resources={"metadata": {"path": str(tmp_path_factory.mktemp("run"))}}).execute()
     assert WIDGET_STATE in notebook.metadata["widgets"]
     return notebook
 
