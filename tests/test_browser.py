@@ -165,6 +165,13 @@ def widgets_drawn(page, count: int):
     return widgets
 
 
+def shown_once(page, count: int) -> None:
+    """Each view's static HTML, the output after its widget's, is hidden (its Out[n] too) once the widget is drawn."""
+    shown = page.evaluate("() => [...document.querySelectorAll(\"[class^='xlakit-widget-'][class$='-html']\")]"
+                          ".map(box => box.closest('.jp-OutputArea-child').checkVisibility())")
+    assert shown == [False] * count
+
+
 def no_errors_shown(page) -> None:
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     assert not any("Error" in errors.nth(i).inner_text() for i in range(errors.count()))
@@ -176,12 +183,13 @@ def test_quickstart_renders_the_step_widget(server, notebooks, page, shots):
     run_all(page, server, "01_quickstart.ipynb")
     # three %%xla_step cells, each drawing its graph widget; then the final assert cell
     widgets_drawn(page, 3)
+    shown_once(page, 3)
     assert page.locator(".xlakit-graph-widget g.xlakit-node").count() > 10
-    key_text = page.locator("table.xlakit-key").last.inner_text()
+    key_text = page.locator(".widget-tab table.xlakit-key").last.inner_text()
     for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
         assert component in key_text
     page.locator(".lm-TabBar-tabLabel", has_text="Donation").last.click()
-    donation = page.locator("table.xlakit-donation").last
+    donation = page.locator(".widget-tab table.xlakit-donation").last
     donation.wait_for(state="visible", timeout=10_000)
     assert "0.weight" in donation.inner_text()
     no_errors_shown(page)
@@ -215,6 +223,7 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
     no_errors_shown(page)
     assert "all cells ran" in page.locator(".jp-OutputArea-output").last.inner_text()
     widget = widgets_drawn(page, 2).last  # the second step: the optimizer state is new, so some nodes are marked changed
+    shown_once(page, 2)
     output = widget.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea-output')]")
     widget.scroll_into_view_if_needed()
     assert widget.locator("g.xlakit-node.changed").count() > 0
@@ -262,6 +271,8 @@ def test_a_break_row_of_explain_opens_on_its_source_and_the_graphs_beside_it(ser
     run_all(page, server, "explain.ipynb")
     no_errors_shown(page)
     assert "all cells ran" in page.locator(".jp-OutputArea-output").last.inner_text()
+    page.locator(".jupyter-widget-Collapse").first.wait_for(timeout=30_000)
+    shown_once(page, 1)
     row = page.locator(".jupyter-widget-Collapse", has_text="break 1 at cell 1 line 9").first
     row.locator(".jupyter-widget-Collapse-header").first.click()
     opened = page.locator(".jupyter-widget-Collapse-open")

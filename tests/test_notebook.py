@@ -11,11 +11,13 @@ from programs import chain_record
 
 
 def run(shell, source):
-    """Run one cell; return (plain texts, htmls) of what it displayed, and the result."""
+    """Run one cell; return (plain texts, htmls) of what it displayed, and the result. A view's
+    widget is an output of its own, before its text and HTML: left out."""
     with capture_output() as captured:
         result = shell.run_cell(source, store_history=True)
-    texts = [o.data.get("text/plain", "") for o in captured.outputs]
-    htmls = [o.data.get("text/html", "") for o in captured.outputs]
+    shown = [o.data for o in captured.outputs if "application/vnd.jupyter.widget-view+json" not in o.data]
+    texts = [data.get("text/plain", "") for data in shown]
+    htmls = [data.get("text/html", "") for data in shown]
     return texts, htmls, result
 
 

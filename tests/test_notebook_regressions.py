@@ -8,6 +8,7 @@ from IPython.utils.capture import capture_output
 
 import xlakit
 from xlakit.core import sources
+from xlakit.notebook import profile_view
 
 
 def run(shell, source):
@@ -81,3 +82,15 @@ def test_widgets_of_many_cells_stay_bounded(shell):
         counts.append(open_widgets())
     assert views.OPEN_LIMIT < 50
     assert counts[-1] == counts[-10] <= before + views.OPEN_LIMIT * per_view
+
+
+def test_a_profiled_step_names_its_lines_by_cell_also_in_a_function_an_earlier_cell_defined(shell):
+    defined = shell.execution_count
+    run(shell, "def scaled(t):\n    return (t * 3).exp().sum()")[1].raise_error()
+    profiled = shell.execution_count
+    _, result = run(shell, "%%xla_step --name lines --profile --quiet\ns = scaled(torch.arange(5.0).to(dev))")
+    result.raise_error()
+    lines = set(xlakit.last_step().profile.by_line)
+    assert f"cell {defined} line 2" in lines and lines <= {f"cell {defined} line 2", f"cell {profiled} line 1"}
+    tab = profile_view.profile_html(xlakit.last_step())  # the slowest ops' lines too, not IPython's file names
+    assert f"<td>cell {defined} line 2</td>" in tab and "ipython-input" not in tab

@@ -5,6 +5,7 @@ memory and cost tables and every explain() table as plain HTML and inline SVG.
 A notebook saved without widget state (JupyterLab's default; how the tutorials
 are stored) lets nbconvert pass over the widget view to the static HTML beside it.
 """
+import copy
 import html.parser
 import json
 import os
@@ -69,18 +70,27 @@ CELLS = [
 ]
 
 
-def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """CELLS run by nbclient, which stores the widgets' state (its default, and docs builders')."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    # as JupyterLab saves a notebook by default: outputs, no widget state
-    NotebookClient(notebook, timeout=600, store_widget_state=False,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    with pytest.MonkeyPatch.context() as env:  # an empty cache: the history draws the first step's compile
+        env.setenv("XLAKIT_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        NotebookClient(notebook, timeout=600, store_widget_state=True,
+                       resources={"metadata": {"path": str(tmp_path_factory.mktemp("run"))}}).execute()
+    assert WIDGET_STATE in notebook.metadata["widgets"]
+    return notebook
+
+
+def widget_outputs(notebook) -> int:
+    return sum("application/vnd.jupyter.widget-view+json" in o.get("data", {})
+               for cell in notebook.cells for o in cell.get("outputs", []))
+
+
+def shows_every_view(notebook, page: _Visible) -> None:
     steps, reports = outputs(notebook, "step ", STEP_VIEW), outputs(notebook, "explain() ran")
     assert steps == 3 and reports == 1
-    # the live display carries the widget too: the static HTML must win without its state
-    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {})
-               for cell in notebook.cells for o in cell.get("outputs", []))
-    page = visible(to_html(notebook))
     for table in ("xlakit-key", "xlakit-timing", "xlakit-memory", "xlakit-buffers", "xlakit-cost"):
         assert page.classes.get(table) == steps, table
     assert page.classes.get("xlakit-breaks") == reports
@@ -92,7 +102,23 @@ def test_an_executed_notebook_shows_every_view_without_a_kernel(tmp_path):
     assert page.classes.get("xlakit-profile-ops") == 1                # the profiled step's Profile tab
     assert page.classes.get("xlakit-history-steps") == 2             # %xla_history --plot, xlakit.history()
     assert page.classes.get("compile") >= 2                          # each draws the first step's compile
+
+
+def test_an_executed_notebook_saved_without_widget_state_shows_every_view_without_a_kernel(executed):
+    notebook = copy.deepcopy(executed)
+    del notebook.metadata["widgets"]  # as JupyterLab saves a notebook by default: outputs, no widget state
+    assert widget_outputs(notebook) == 4  # the live display carries the widgets: the static HTML must win
+    page = visible(to_html(notebook))
+    shows_every_view(notebook, page)
     assert "jupyter-widgets" not in page.classes                      # no empty widget box
+
+
+def test_an_executed_notebook_saved_with_widget_state_shows_every_view_without_scripts(executed):
+    """nbconvert writes a widget whose state is saved as its placeholder (empty until its scripts
+    run) and nothing else of its output: the static HTML beside it shows the view."""
+    page = visible(to_html(executed))
+    assert page.classes.get("jupyter-widgets") == widget_outputs(executed) == 4
+    shows_every_view(executed, page)
 
 
 @pytest.mark.parametrize("path", TUTORIALS, ids=[p.stem for p in TUTORIALS])

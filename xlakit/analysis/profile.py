@@ -15,6 +15,7 @@ import math
 import re
 from collections import defaultdict
 
+from ..core import sources
 from ..core.record import GraphInfo, ProfiledOp, ProfileInfo, StepRecord
 from .flops import node_flops
 from .footprint import aval_bytes
@@ -115,7 +116,7 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
             node = graph.nodes[n]
             by_module[node.module or TOP_LEVEL] += time * share
             if node.source is not None and node.source.user is not None:
-                by_line[str(node.source.user)] += time * share
+                by_line[sources.short(node.source.user)] += time * share  # "cell 4 line 3", "train.py:12"
         if not nodes:
             by_module[XLA_OWN] += time
         main = graph.nodes[nodes[max(range(len(nodes)), key=shares.__getitem__)]] if nodes else None

@@ -14,6 +14,7 @@ import math
 import re
 
 from ..analysis.footprint import short_op
+from ..core import sources
 from ..core.record import ProfileInfo, StepRecord
 from .units import human_bytes, human_flops
 
@@ -125,9 +126,11 @@ def _ops(record: StepRecord, p: ProfileInfo) -> str:
             made += f" ({len(op.nodes)} nodes, time split by estimated FLOPs)" if op.split else ""
         else:
             made = f"<i>XLA's own: {html.escape(op.xla_own)}</i>"
-        line = html.escape(str(op.source.user)) if op.source is not None and op.source.user is not None else ""
+        # as the graph names lines: "cell 4 line 3", the library's "modeling_llama.py:468 in forward" on hovering
+        line = html.escape(sources.short(op.source.user)) if op.source is not None else ""
         library = op.source.library if op.source is not None else None
-        line_title = f' title="{html.escape(str(library))}"' if library is not None else ""
+        line_title = (f' title="{html.escape(sources.short(library))} in {html.escape(library.function)}"'
+                      if library is not None else "")
         hlo = html.escape(hlo_lines.get(op.hlo_op, op.hlo_op))
         rows.append(f'<tr><td title="{hlo}">{html.escape(op.hlo_op)}</td><td class="num">{_us(op.seconds)}</td>'
                     f"<td>{op.seconds / p.op_seconds:.0%}</td><td>{made}</td>"

@@ -10,15 +10,39 @@ from . import render
 class Displayed:
     """Every view's display: plain text, static HTML and, where ipywidgets runs, its widget."""
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {"text/plain": repr(self), "text/html": self._repr_html_()}
+    def _ipython_display_(self):
+        """Two outputs where ipywidgets runs: the widget, then the plain text and static HTML.
+
+        One output with both would lose the static HTML wherever the widget's state was saved
+        (nbclient's and docs builders' default): nbconvert then writes only the widget's
+        placeholder, empty on a page without scripts. So the static HTML is an output of its
+        own, and a CSS rule hides it once this widget renders (it then carries a class named
+        after its model): a live frontend and a page whose scripts draw the widgets show the
+        view once, a page whose widgets do not render shows the static HTML."""
+        from IPython.display import display
+
         try:
             widget = self.widget()
-        except ImportError:
-            return bundle  # no ipywidgets: the static HTML stands alone
+        except ImportError:  # no ipywidgets: the static HTML stands alone
+            display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
+            return
         _opened(widget)
-        bundle.update({k: v for k, v in _widget_bundle(widget).items() if k != "text/plain"})
-        return bundle
+        marker = f"xlakit-widget-{widget.model_id}"
+        widget.add_class(marker)
+        # where the widget cannot render (no state, no frontend) its output is empty: the next one shows the view
+        display({**{k: v for k, v in _widget_bundle(widget).items() if k != "text/plain"}, "text/html": ""},
+                raw=True)
+        display({"text/plain": repr(self), "text/html": _hidden_once_drawn(marker, self._repr_html_())}, raw=True)
+
+
+def _hidden_once_drawn(marker: str, page: str) -> str:
+    """`page` in a box that a CSS rule hides, with the output holding it (JupyterLab's and
+    Notebook 7's output box, classic nbconvert's), once an element of class `marker` is drawn."""
+    box = f"{marker}-html"
+    rule = ",".join(f":root:has(.{marker}) {where}" for where in (
+        f".jp-OutputArea-child:has(>.jp-OutputArea-output>.{box})", f".output_area:has(>.output_subarea>.{box})",
+        f".{box}"))
+    return f'<div class="{box}"><style>{rule}{{display:none}}</style>{page}</div>'
 
 
 # A widget holds its state (and a comm) in the kernel until it is closed, some 27 of them per
