@@ -19,7 +19,8 @@ import torch  # noqa: E402
 transformers = pytest.importorskip("transformers")
 
 from conftest import assert_same  # noqa: E402
-from test_real_models import _FALLBACK, STEPS, TOL, Steps, fallback_warnings, train  # noqa: E402, F401
+from test_real_models import (_FALLBACK, STEPS, TOL, Steps, assert_amp_equal, fallback_warnings,  # noqa: E402, F401
+                              train, train_amp_both)
 
 import xlakit  # noqa: E402
 
@@ -140,3 +141,12 @@ def test_autocast_bfloat16_forward_equals_eager(dev):
     assert_same(got.logits, want.logits, rtol=1.6e-2, atol=1.6e-2 * want.logits.abs().max().item())
     assert_same(got.loss, want.loss, rtol=2e-4, atol=1e-3)
     assert xlakit.metrics()["fallbacks"] == 0
+
+
+def test_autocast_bfloat16_training_matches_eager_amp(dev):
+    # bf16 AMP training of a MoE model: the router's aux loss and the experts' ragged dots
+    # under autocast, backward and AdamW outside, as test_real_models' Llama
+    model, _, batch = _pair("mixtral", "grouped_mm")
+    model.train()
+    xlakit.reset_metrics()
+    assert_amp_equal(train_amp_both(model, batch, dev))

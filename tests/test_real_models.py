@@ -421,17 +421,16 @@ def test_autocast_bfloat16_equals_eager(dev, name):
     assert xlakit.metrics()["fallbacks"] == 0
 
 
-def test_autocast_training_matches_eager_amp(dev):
-    # bf16 AMP: forward and loss under autocast, backward and AdamW outside
-    torch.manual_seed(0)
-    model, batch = llama()
+def train_amp_both(model, batch, dev, steps=3):
+    """bf16 AMP (forward and loss under autocast, backward and AdamW outside), eagerly and on
+    the device: ((eager losses, parameters), (device losses, parameters))."""
     lazy = copy.deepcopy(model).to(dev)
     results = []
     for m, b, sync in ((model, batch, lambda: None), (lazy, {k: v.to(dev) for k, v in batch.items()},
                                                       xlakit.mark_step)):
         opt = torch.optim.AdamW(m.parameters(), lr=LR, eps=EPS)
         losses = []
-        for _ in range(3):
+        for _ in range(steps):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 out = m(**b)
@@ -441,6 +440,10 @@ def test_autocast_training_matches_eager_amp(dev):
             losses.append(out.loss.detach())
         assert out.logits.dtype == torch.bfloat16 and out.loss.dtype == torch.float32
         results.append((losses, list(m.parameters())))
+    return results
+
+
+def assert_amp_equal(results):
     (want_losses, want_params), (got_losses, got_params) = results
     for got, want in zip(got_losses, want_losses):
         assert_same(got, want, rtol=2e-4, atol=1e-3)  # measured: 3e-4
@@ -450,6 +453,12 @@ def test_autocast_training_matches_eager_amp(dev):
     for p, q in zip(got_params, want_params):
         assert_same(p, q.detach(), rtol=1.6e-2, atol=4 * LR)
     assert xlakit.metrics()["fallbacks"] == 0
+
+
+def test_autocast_training_matches_eager_amp(dev):
+    torch.manual_seed(0)
+    model, batch = llama()
+    assert_amp_equal(train_amp_both(model, batch, dev))
 
 
 def test_bfloat16_model(dev, llama_pair):
