@@ -143,7 +143,9 @@ def peers(model, logits_fn, ids, device):
     return result
 
 
-ASYNC_PEERS = ("torch_xla lazy", "xlakit lazy, dispatch ahead")  # their step returns at dispatch
+# a peer whose step returns at dispatch; torch_xla's sync on XLA:CPU returns after its executable
+# ran (measured: its host time was its whole step), so its Python is bench/tracing.py's per op
+ASYNC_PEERS = ("xlakit lazy, dispatch ahead",)
 PROJECTED_DEVICE_MS = 2.0  # the Llama step's ~91 GFLOP on one TPU v5e chip is about a millisecond
 
 
