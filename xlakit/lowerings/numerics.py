@@ -1,0 +1,147 @@
+"""Numerics, computed inside a step's executable: where the first non-finite
+value came from (config.check_nans) and how large each node's values got
+(config.record_ranges).
+
+Per floating value of the step (an input, a node's output) one pass over it
+gives: whether it holds a NaN, whether it holds an infinity, and the smallest
+and largest of its finite values. A node is an *origin* when it made a NaN
+from inputs that hold none, or an infinity from inputs that are all finite,
+unless its own arguments ask for one (masked_fill(mask, -inf), full(nan)).
+Of the origins, the first in recording order is picked in-graph (its rank is a
+constant of the executable; keys.compile_flags keys it), and the finite ranges
+of its first inputs are gathered with it: one small float32 vector per step,
+
+    [position or -1, kind (1: NaN, 2: infinity), min 0, max 0, min 1, max 1, ...]
+
+then, with ranges, the absolute maximum of each node's floating outputs (NaN
+for a node that has none). engine/numerics.py reads it back.
+Nothing here changes a value the step computes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.ir import Graph, Node
+
+# Inputs of the first origin whose ranges are reported.
+INPUTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a numerics output holds (kept with the executable)."""
+
+    nans: bool
+    ranges: bool
+    nodes: int
+
+    @property
+    def nans_size(self) -> int:
+        return 2 + 2 * INPUTS if self.nans else 0
+
+
+def _floating(aval) -> bool:
+    return aval is not None and aval.dtype.is_floating_point
+
+
+def _stats(x):
+    """(has NaN, has infinity, finite min, finite max) of one array, in one pass."""
+    x = x.reshape(-1)
+    finite = jnp.isfinite(x)
+    wide = x.astype(jnp.float32)
+    return jax.lax.reduce(
+        (jnp.isnan(x), jnp.isinf(x), jnp.where(finite, wide, jnp.inf), jnp.where(finite, wide, -jnp.inf)),
+        (False, False, np.float32(np.inf), np.float32(-np.inf)),
+        lambda a, b: (a[0] | b[0], a[1] | b[1], jnp.minimum(a[2], b[2]), jnp.maximum(a[3], b[3])),
+        (0,))
+
+
+def _asks_for_nonfinite(node: Node) -> bool:
+    """Whether a constant argument of the node is itself NaN or infinite (a mask fill)."""
+    args, kwargs = node.template
+    return any(isinstance(v, float) and not math.isfinite(v) for v in (*args, *(v for _, v in kwargs)))
+
+
+class Watch:
+    """Collects, while a graph is traced (to_jax._replay), what its numerics output needs."""
+
+    def __init__(self, graph: Graph, ranks: tuple[int, ...] | None, ranges: bool):
+        self.graph, self.ranks, self.ranges = graph, ranks, ranges
+        self._stats: dict = {}        # value (param index or (node, output)) -> _stats
+        self._origins: list = []      # per node: (is an origin, is a NaN origin, its inputs' ranges)
+        self._absmax: list = []
+
+    def layout(self) -> Layout:
+        return Layout(self.ranks is not None, self.ranges, len(self.graph.nodes))
+
+    def _of(self, where, array):
+        if where not in self._stats:
+            self._stats[where] = _stats(array)
+        return self._stats[where]
+
+    def node(self, position: int, wires, operands: list, results: list) -> None:
+        node = self.graph.nodes[position]
+        outs = [self._of((position, i), r) for i, (r, aval) in enumerate(zip(results, node.avals))
+                if r is not None and _floating(aval)]
+        if self.ranges:
+            self._absmax.append(jnp.max(jnp.stack([jnp.maximum(-s[2], s[3]) for s in outs]))
+                                if outs else jnp.float32(jnp.nan))
+        if self.ranks is None:
+            return
+        if not outs or _asks_for_nonfinite(node):
+            self._origins.append(None)
+            return
+        ins = [self._of(w if w.__class__ is int else tuple(w), o) if _floating(_aval(self.graph, w)) else None
+               for w, o in zip(wires, operands)]
+        floats = [s for s in ins if s is not None]
+        in_nan = jnp.any(jnp.stack([s[0] for s in floats])) if floats else False
+        in_inf = jnp.any(jnp.stack([s[1] for s in floats])) if floats else False
+        out_nan = jnp.any(jnp.stack([s[0] for s in outs]))
+        out_inf = jnp.any(jnp.stack([s[1] for s in outs]))
+        new_nan = out_nan & ~in_nan
+        origin = new_nan | (out_inf & ~in_nan & ~in_inf)
+        ranges = [v for s in ins[:INPUTS] for v in ((s[2], s[3]) if s is not None else (jnp.nan, jnp.nan))]
+        ranges += [jnp.float32(jnp.nan)] * (2 * INPUTS - len(ranges))
+        self._origins.append((origin, new_nan, jnp.stack([jnp.asarray(v, jnp.float32) for v in ranges])))
+
+    def output(self):
+        """The step's numerics vector (module docstring)."""
+        parts = []
+        if self.ranks is not None:
+            found = [(k, o) for k, o in enumerate(self._origins) if o is not None]
+            if found:
+                never = len(self.ranks)
+                ranks = jnp.stack([jnp.where(o[0], self.ranks[k], never) for k, o in found])
+                pick = jnp.argmin(ranks)
+                seen = ranks[pick] < never
+                positions = jnp.asarray([k for k, _ in found], jnp.float32)
+                kinds = jnp.stack([jnp.where(o[1], 1.0, 2.0) for _, o in found])
+                ranges = jnp.stack([o[2] for _, o in found])
+                parts.append(jnp.concatenate([jnp.stack([jnp.where(seen, positions[pick], -1.0),
+                                                         jnp.where(seen, kinds[pick], 0.0)]), ranges[pick]]))
+            else:
+                parts.append(jnp.asarray([-1.0, 0.0] + [np.nan] * (2 * INPUTS), jnp.float32))
+        if self.ranges:
+            parts.append(jnp.stack(self._absmax).astype(jnp.float32) if self._absmax
+                         else jnp.zeros((0,), jnp.float32))
+        return jnp.concatenate(parts)
+
+
+def _aval(graph: Graph, wire):
+    if wire.__class__ is int:
+        return graph.params[wire].aval
+    return graph.nodes[wire[0]].avals[wire[1]]
+
+
+def recording_ranks(graph: Graph) -> tuple[int, ...]:
+    """Each node's place in recording order (Node.seq) among the graph's nodes."""
+    order = sorted(range(len(graph.nodes)), key=lambda k: graph.nodes[k].seq)
+    ranks = [0] * len(order)
+    for rank, k in enumerate(order):
+        ranks[k] = rank
+    return tuple(ranks)
