@@ -36,7 +36,7 @@ def _first_nonfinite(values, graph: GraphInfo) -> NonFinite | None:
         return None
     node = graph.nodes[position]
     pairs = values[2:].reshape(INPUTS, 2)
-    inputs = tuple(None if not (math.isfinite(lo) and math.isfinite(hi)) else (float(lo), float(hi))
+    inputs = tuple(None if math.isnan(lo) or math.isnan(hi) else (float(lo), float(hi))
                    for lo, hi in pairs[:len(node.operands)])
     return NonFinite(node=position, op=node.op, module=node.module, source=node.source,
                      kind="nan" if values[1] == 1 else "inf", inputs=inputs)

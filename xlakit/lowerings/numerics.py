@@ -2,9 +2,8 @@
 value came from (config.check_nans) and how large each node's values got
 (config.record_ranges).
 
-Per floating value of the step (an input, a node's output) one pass over it
-gives: whether it holds a NaN, whether it holds an infinity, and the smallest
-and largest of its finite values. A node is an *origin* when it made a NaN
+Per floating value of the step (an input, a node's output): whether it holds
+a NaN, whether it holds an infinity, its min and its max. A node is an *origin* when it made a NaN
 from inputs that hold none, or an infinity from inputs that are all finite,
 unless its own arguments ask for one (masked_fill(mask, -inf), full(nan)).
 Of the origins, the first in recording order is picked in-graph (its rank is a
@@ -49,16 +48,26 @@ def _floating(aval) -> bool:
     return aval is not None and aval.dtype.is_floating_point
 
 
-def _stats(x):
-    """(has NaN, has infinity, finite min, finite max) of one array, in one pass."""
-    x = x.reshape(-1)
-    finite = jnp.isfinite(x)
-    wide = x.astype(jnp.float32)
-    return jax.lax.reduce(
-        (jnp.isnan(x), jnp.isinf(x), jnp.where(finite, wide, jnp.inf), jnp.where(finite, wide, -jnp.inf)),
-        (False, False, np.float32(np.inf), np.float32(-np.inf)),
-        lambda a, b: (a[0] | b[0], a[1] | b[1], jnp.minimum(a[2], b[2]), jnp.maximum(a[3], b[3])),
-        (0,))
+def _stats(x, nans: bool):
+    """(flags, min, max) of one array: flags bit 1 set where it holds a NaN, bit 0
+    where it holds an infinity (XLA's min and max on CPU skip a NaN that comes
+    first, so they cannot say; 0 unless `nans`); min and max as float32. Plain
+    reductions, which XLA fuses into the op that makes the array where it can."""
+    if x.size == 0:
+        return jnp.int8(0), jnp.float32(0), jnp.float32(0)
+    if not nans:
+        return jnp.int8(0), jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
+    codes = (jnp.isnan(x).astype(jnp.int8) << 1) | jnp.isinf(x).astype(jnp.int8)
+    flags = jax.lax.reduce(codes, np.int8(0), jax.lax.bitwise_or, tuple(range(x.ndim)))
+    return flags, jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
+
+
+def _has_nan(stats):
+    return (stats[0] & 2) != 0
+
+
+def _has_inf(stats):
+    return (stats[0] & 1) != 0
 
 
 def _asks_for_nonfinite(node: Node) -> bool:
@@ -81,7 +90,7 @@ class Watch:
 
     def _of(self, where, array):
         if where not in self._stats:
-            self._stats[where] = _stats(array)
+            self._stats[where] = _stats(array, self.ranks is not None)
         return self._stats[where]
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
@@ -89,23 +98,23 @@ class Watch:
         outs = [self._of((position, i), r) for i, (r, aval) in enumerate(zip(results, node.avals))
                 if r is not None and _floating(aval)]
         if self.ranges:
-            self._absmax.append(jnp.max(jnp.stack([jnp.maximum(-s[2], s[3]) for s in outs]))
+            self._absmax.append(jnp.max(jnp.stack([jnp.maximum(-s[1], s[2]) for s in outs]))
                                 if outs else jnp.float32(jnp.nan))
         if self.ranks is None:
             return
-        if not outs or _asks_for_nonfinite(node):
+        if not outs or not wires or _asks_for_nonfinite(node):   # a factory's values are constants
             self._origins.append(None)
             return
         ins = [self._of(w if w.__class__ is int else tuple(w), o) if _floating(_aval(self.graph, w)) else None
                for w, o in zip(wires, operands)]
         floats = [s for s in ins if s is not None]
-        in_nan = jnp.any(jnp.stack([s[0] for s in floats])) if floats else False
-        in_inf = jnp.any(jnp.stack([s[1] for s in floats])) if floats else False
-        out_nan = jnp.any(jnp.stack([s[0] for s in outs]))
-        out_inf = jnp.any(jnp.stack([s[1] for s in outs]))
+        in_nan = jnp.any(jnp.stack([_has_nan(s) for s in floats])) if floats else False
+        in_inf = jnp.any(jnp.stack([_has_inf(s) for s in floats])) if floats else False
+        out_nan = jnp.any(jnp.stack([_has_nan(s) for s in outs]))
+        out_inf = jnp.any(jnp.stack([_has_inf(s) for s in outs]))
         new_nan = out_nan & ~in_nan
         origin = new_nan | (out_inf & ~in_nan & ~in_inf)
-        ranges = [v for s in ins[:INPUTS] for v in ((s[2], s[3]) if s is not None else (jnp.nan, jnp.nan))]
+        ranges = [v for s in ins[:INPUTS] for v in (s[1:] if s is not None else (jnp.nan, jnp.nan))]
         ranges += [jnp.float32(jnp.nan)] * (2 * INPUTS - len(ranges))
         self._origins.append((origin, new_nan, jnp.stack([jnp.asarray(v, jnp.float32) for v in ranges])))
 
