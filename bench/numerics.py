@@ -144,7 +144,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"device: {jax.devices()[0].device_kind}")
     compare_with_jax(width=64 if args.quick else 1024, repeats=2 if args.quick else 10)
-    llama_cost(args.quick, steps=3 if args.quick else 20)
+    llama_cost(args.quick, steps=10 if args.quick else 20)
 
 
 if __name__ == "__main__":

@@ -166,3 +166,47 @@ def test_ranges_name_each_module_and_its_dtype_limit(dev, monkeypatch):
     assert big.dtype == "f32" and big.limit == torch.finfo(torch.float32).max
     assert big.absmax > 100 * ranges["model.layers.0.mlp.down_proj"].absmax
     assert xlakit.last_step().numerics.by_module["model.layers.1.mlp.down_proj"] == big.absmax
+
+
+def bf16_model(dev):
+    """Three Linear layers in bfloat16: the second's values near bf16's largest, the third's all zero."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    with torch.no_grad():
+        model[1].weight.fill_(2.0 ** 124)
+        model[2].weight.zero_()
+        model[2].bias.zero_()
+    return model.to(dev, torch.bfloat16)
+
+
+def test_numerics_panel_marks_the_module_near_overflow_and_the_one_underflowing(dev, monkeypatch):
+    from xlakit.notebook import numerics_view, render
+    monkeypatch.setattr(xlakit.config, "record_ranges", True)
+    model = bf16_model(dev)
+    out = model(torch.ones(2, 8, dtype=torch.bfloat16).to(dev))
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    ranges = record.numerics.ranges
+    assert ranges["1"].dtype == "bf16" and numerics_view.near_overflow(ranges["1"])
+    assert not numerics_view.near_overflow(ranges["0"]) and ranges["2"].underflows
+    assert out.isfinite().all().item()
+
+    text = render.text(record)
+    assert "numerics: closest to overflow: 1 (max " in text and "within 2^4 of overflow: 1" in text
+    assert "underflow to zero: 2" in text
+    html = dict(render.sections_html(record, None, hlo=False))["Numerics"]
+    assert html.count('class="xlakit-bar"') == len(ranges) == 3
+    assert '<tr class="near-overflow"><td>1</td>' in html and '<tr class="underflows"><td>2</td>' in html
+
+
+def test_xla_step_nans_and_ranges_flags(shell):
+    from test_notebook import run
+    assert not xlakit.config.check_nans
+    texts, htmls, result = run(shell, "%%xla_step --nans --ranges --name numerics\n"
+                                      "v = torch.linspace(-1, 1, 4).to(dev)\nw = (v * 3).log()")
+    assert isinstance(result.error_in_exec, FloatingPointError)
+    assert "aten.log.default at cell" in str(result.error_in_exec)
+    assert "numerics: first NaN made by aten.log.default" in texts[-1] and "Numerics</h4>" in htmls[-1]
+    assert not xlakit.config.check_nans and not xlakit.config.record_ranges   # one cell only
+    texts, _, result = run(shell, "%%xla_step --name numerics\nw = (v * 3).log()")
+    assert result.error_in_exec is None and "numerics:" not in texts[-1]

@@ -246,6 +246,7 @@ class NumericsInfo:
 
     first_nonfinite: NonFinite | None = None   # None: no op made a NaN or infinity (or check_nans was off)
     ranges: dict[str, ModuleRange] | None = None   # per module path; None: ranges were not asked for
+    nans_checked: bool = False                     # whether check_nans looked for a first_nonfinite
 
     @property
     def by_module(self) -> dict[str, float]:

@@ -27,7 +27,7 @@ def read(layout: Layout, vector, graph: GraphInfo) -> NumericsInfo:
     values = np.asarray(vector, dtype=np.float32)
     first = _first_nonfinite(values[:layout.nans_size], graph) if layout.nans else None
     ranges = _ranges(values[layout.nans_size:], graph) if layout.ranges else None
-    return NumericsInfo(first_nonfinite=first, ranges=ranges)
+    return NumericsInfo(first_nonfinite=first, ranges=ranges, nans_checked=layout.nans)
 
 
 def _first_nonfinite(values, graph: GraphInfo) -> NonFinite | None:

@@ -44,30 +44,61 @@ class Layout:
         return 2 + 2 * INPUTS if self.nans else 0
 
 
+# Ops that only move, copy or select values: they make no NaN or infinity, so none
+# is an origin, and their outputs' stats are their floating inputs' (no reduction of
+# their own). A NaN a slice leaves out still counts as an input's: it was made
+# earlier, by an origin found first, or came with the step's inputs.
+MOVES = frozenset({
+    "view", "view_copy", "_unsafe_view", "reshape", "t", "t_copy", "transpose", "transpose_copy", "permute",
+    "permute_copy", "expand", "expand_copy", "slice", "slice_copy", "select", "select_copy", "unsqueeze",
+    "unsqueeze_copy", "squeeze", "squeeze_copy", "alias", "alias_copy", "clone", "cat", "stack",
+    "slice_backward", "select_backward", "embedding", "index_select", "gather", "as_strided", "as_strided_copy",
+    "split", "split_copy", "split_with_sizes", "split_with_sizes_copy", "unbind", "unbind_copy", "repeat",
+    "flip", "roll", "diagonal", "diagonal_copy", "narrow", "narrow_copy", "detach", "detach_copy",
+    "lift_fresh_copy", "unfold", "unfold_copy",
+})
+
+
+def _moves(node: Node) -> bool:
+    return str(node.op).split(".")[1] in MOVES
+
+
+def _joined(stats: list):
+    """The stats of values that together hold what `stats`' values hold."""
+    if len(stats) == 1:
+        return stats[0]
+    return jnp.max(jnp.stack([s[0] for s in stats])), jnp.min(jnp.stack([s[1] for s in stats])), jnp.max(jnp.stack([s[2] for s in stats]))
+
+
 def _floating(aval) -> bool:
     return aval is not None and aval.dtype.is_floating_point
 
 
 def _stats(x, nans: bool):
-    """(flags, min, max) of one array: flags bit 1 set where it holds a NaN, bit 0
-    where it holds an infinity (XLA's min and max on CPU skip a NaN that comes
-    first, so they cannot say; 0 unless `nans`); min and max as float32. Plain
-    reductions, which XLA fuses into the op that makes the array where it can."""
+    """(code, min, max) of one array, as float32: code 2 where it holds a NaN, else
+    1 where it holds an infinity, else 0 (XLA's min and max on CPU skip a NaN that
+    comes first, so they cannot say; 0 unless `nans`). A NaN hides an infinity
+    beside it, which an origin never needs: a NaN-free array is one whose
+    infinities are known. One variadic reduction, one pass over the array
+    (three separate ones cost 5x more on the Llama step, bench/numerics.py)."""
     if x.size == 0:
-        return jnp.int8(0), jnp.float32(0), jnp.float32(0)
-    if not nans:
-        return jnp.int8(0), jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
-    codes = (jnp.isnan(x).astype(jnp.int8) << 1) | jnp.isinf(x).astype(jnp.int8)
-    flags = jax.lax.reduce(codes, np.int8(0), jax.lax.bitwise_or, tuple(range(x.ndim)))
-    return flags, jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32)
+        return jnp.float32(0), jnp.float32(0), jnp.float32(0)
+    code = jnp.where(jnp.isfinite(x), 0, jnp.where(jnp.isnan(x), 2, 1)).astype(x.dtype) if nans else \
+        jnp.zeros_like(x)
+    inf = np.array(np.inf, x.dtype)
+    code, low, high = jax.lax.reduce((code, x, x), (np.array(0, x.dtype), inf, -inf),
+                                     lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1]),
+                                                   jnp.maximum(a[2], b[2])), tuple(range(x.ndim)))
+    return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
 
 
 def _has_nan(stats):
-    return (stats[0] & 2) != 0
+    return stats[0] == 2
 
 
 def _has_inf(stats):
-    return (stats[0] & 1) != 0
+    """Whether a NaN-free array holds an infinity (see _stats)."""
+    return stats[0] == 1
 
 
 def _asks_for_nonfinite(node: Node) -> bool:
@@ -95,6 +126,18 @@ class Watch:
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
         node = self.graph.nodes[position]
+        if _moves(node):
+            ins = [self._of(w if w.__class__ is int else tuple(w), o) for w, o in zip(wires, operands)
+                   if _floating(_aval(self.graph, w))]
+            if ins:
+                for i, aval in enumerate(node.avals):
+                    if _floating(aval):
+                        self._stats[(position, i)] = _joined(ins)
+                if self.ranges:
+                    self._absmax.append(jnp.float32(jnp.nan))   # counted where the values were made
+                if self.ranks is not None:
+                    self._origins.append(None)
+                return
         outs = [self._of((position, i), r) for i, (r, aval) in enumerate(zip(results, node.avals))
                 if r is not None and _floating(aval)]
         if self.ranges:
