@@ -169,13 +169,13 @@ def test_ranges_name_each_module_and_its_dtype_limit(dev, monkeypatch):
 
 
 def bf16_model(dev):
-    """Three Linear layers in bfloat16: the second's values near bf16's largest, the third's all zero."""
-    torch.manual_seed(0)
+    """Three Linear layers in bfloat16: the first's values 1, the second's 2^125 (2^3 below bf16's
+    largest), the third's all zero."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
     with torch.no_grad():
-        model[1].weight.fill_(2.0 ** 124)
-        model[2].weight.zero_()
-        model[2].bias.zero_()
+        for layer, weight in zip(model, (1 / 8, 2.0 ** 122, 0.0)):
+            layer.weight.fill_(weight)
+            layer.bias.zero_()
     return model.to(dev, torch.bfloat16)
 
 
@@ -210,3 +210,11 @@ def test_xla_step_nans_and_ranges_flags(shell):
     assert not xlakit.config.check_nans and not xlakit.config.record_ranges   # one cell only
     texts, _, result = run(shell, "%%xla_step --name numerics\nw = (v * 3).log()")
     assert result.error_in_exec is None and "numerics:" not in texts[-1]
+
+
+def test_compiled_functions_find_the_first_nan_too(dev, nans):
+    compiled = torch.compile(lambda x: (x.exp() - 2).log().sum(), backend="xlakit")
+    torch.testing.assert_close(compiled(torch.ones(3)), (torch.ones(3).exp() - 2).log().sum())
+    with pytest.raises(FloatingPointError, match=r"aten\.log\.default at test_numerics\.py:\d+ made the step's first NaN"):
+        compiled(torch.zeros(3))   # its executable, run again
+    assert xlakit.last_step().numerics.first_nonfinite.op == "aten.log.default"
