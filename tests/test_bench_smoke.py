@@ -21,3 +21,10 @@ def test_real_models_benchmark_runs_quick(new_python):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| xlakit lazy |" in done.stdout and "| jax.jit (donating) |" in done.stdout
     assert "| second (same cache dir) |" in done.stdout
+
+
+def test_numerics_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "numerics.py"), "--quick", timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| jax.jit + jax_debug_nans |" in done.stdout and "| check_nans |" in done.stdout
+    assert "encountered in log" in done.stdout and "aten.log.default" in done.stdout

@@ -37,7 +37,6 @@ class Layout:
 
     nans: bool
     ranges: bool
-    nodes: int
 
     @property
     def nans_size(self) -> int:
@@ -55,7 +54,7 @@ MOVES = frozenset({
     "slice_backward", "select_backward", "embedding", "index_select", "gather", "as_strided", "as_strided_copy",
     "split", "split_copy", "split_with_sizes", "split_with_sizes_copy", "unbind", "unbind_copy", "repeat",
     "flip", "roll", "diagonal", "diagonal_copy", "narrow", "narrow_copy", "detach", "detach_copy",
-    "lift_fresh_copy", "unfold", "unfold_copy",
+    "lift_fresh_copy", "unfold", "unfold_copy", "mark_sharding",
 })
 
 
@@ -117,7 +116,7 @@ class Watch:
         self._absmax: list = []
 
     def layout(self) -> Layout:
-        return Layout(self.ranks is not None, self.ranges, len(self.graph.nodes))
+        return Layout(self.ranks is not None, self.ranges)
 
     def _of(self, where, array):
         if where not in self._stats:
