@@ -218,3 +218,29 @@ def test_compiled_functions_find_the_first_nan_too(dev, nans):
     with pytest.raises(FloatingPointError, match=r"aten\.log\.default at test_numerics\.py:\d+ made the step's first NaN"):
         compiled(torch.zeros(3))   # its executable, run again
     assert xlakit.last_step().numerics.first_nonfinite.op == "aten.log.default"
+
+
+SHARDED = """
+import torch, xlakit
+dev = xlakit.device()
+mesh = xlakit.Mesh((8,), ("data",))
+xlakit.config.check_nans = True
+x = torch.linspace(-1, 1, 64).reshape(8, 8).to(dev)
+xlakit.mark_sharding(x, mesh, ("data", None))
+xlakit.mark_step()
+y = (x + 0.5).log() * 2
+try:
+    xlakit.mark_step()
+except FloatingPointError as e:
+    print(e)
+print(len(xlakit.last_step().shardings.mesh.devices), xlakit.last_step().numerics.first_nonfinite.op)
+"""
+
+
+def test_a_sharded_step_finds_the_first_nan_too(new_python):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    done = new_python("-c", SHARDED, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "aten.log.default at " in done.stdout and "made the step's first NaN" in done.stdout
+    assert done.stdout.splitlines()[-1] == "8 aten.log.default"
+    assert "min -0.5 max 1.5" in done.stdout
