@@ -58,8 +58,17 @@ MOVES = frozenset({
 })
 
 
-def _moves(node: Node) -> bool:
-    return str(node.op).split(".")[1] in MOVES
+# Ops whose values do not depend on their operands' values (only on their shapes).
+SHAPE_ONLY = frozenset({
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "fill", "new_zeros",
+    "new_ones", "new_full", "new_empty", "new_empty_strided", "empty_strided", "empty", "zeros", "ones", "full",
+    "arange", "scalar_tensor", "linspace", "logspace", "eye",
+})
+
+
+def _name(node: Node) -> str:
+    """'log' for aten.log.default."""
+    return str(node.op).split(".")[1]
 
 
 def _joined(stats: list):
@@ -114,18 +123,25 @@ class Watch:
         self._stats: dict = {}        # value (param index or (node, output)) -> _stats
         self._origins: list = []      # per node: (is an origin, is a NaN origin, its inputs' ranges)
         self._absmax: list = []
+        self._constant: list[bool] = []   # per node: whether its values follow from constants alone
 
     def layout(self) -> Layout:
         return Layout(self.ranks is not None, self.ranges)
 
     def _of(self, where, array):
         if where not in self._stats:
+            if where.__class__ is not int and self._constant[where[0]]:
+                # XLA would fold the reduction of a constant at compile time, in its slow evaluator
+                # (measured: 10 s for one Llama zeros_like); computed when the step runs instead
+                array = jax.lax.optimization_barrier(array)
             self._stats[where] = _stats(array, self.ranks is not None)
         return self._stats[where]
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
         node = self.graph.nodes[position]
-        if _moves(node):
+        self._constant.append(_name(node) in SHAPE_ONLY or all(
+            w.__class__ is not int and self._constant[w[0]] for w in wires))
+        if _name(node) in MOVES:
             ins = [self._of(w if w.__class__ is int else tuple(w), o) for w, o in zip(wires, operands)
                    if _floating(_aval(self.graph, w))]
             if ins:
