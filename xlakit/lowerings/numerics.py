@@ -71,13 +71,6 @@ def _name(node: Node) -> str:
     return str(node.op).split(".")[1]
 
 
-def _joined(stats: list):
-    """The stats of values that together hold what `stats`' values hold."""
-    if len(stats) == 1:
-        return stats[0]
-    return jnp.max(jnp.stack([s[0] for s in stats])), jnp.min(jnp.stack([s[1] for s in stats])), jnp.max(jnp.stack([s[2] for s in stats]))
-
-
 def _floating(aval) -> bool:
     return aval is not None and aval.dtype.is_floating_point
 
@@ -100,15 +93,6 @@ def _stats(x, nans: bool):
     return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
 
 
-def _has_nan(stats):
-    return stats[0] == 2
-
-
-def _has_inf(stats):
-    """Whether a NaN-free array holds an infinity (see _stats)."""
-    return stats[0] == 1
-
-
 def _asks_for_nonfinite(node: Node) -> bool:
     """Whether a constant argument of the node is itself NaN or infinite (a mask fill)."""
     args, kwargs = node.template
@@ -116,87 +100,109 @@ def _asks_for_nonfinite(node: Node) -> bool:
 
 
 class Watch:
-    """Collects, while a graph is traced (to_jax._replay), what its numerics output needs."""
+    """Collects, while a graph is traced (to_jax._replay), what its numerics output needs:
+    one (code, min, max) per floating value, and per node the values it reads and
+    makes, by index. The per-node logic runs once, on arrays, in `output`: as scalar
+    ops per node it was ~20 HLO ops a node, which tripled the Llama step's compile time."""
 
     def __init__(self, graph: Graph, ranks: tuple[int, ...] | None, ranges: bool):
         self.graph, self.ranks, self.ranges = graph, ranks, ranges
-        self._stats: dict = {}        # value (param index or (node, output)) -> _stats
-        self._origins: list = []      # per node: (is an origin, is a NaN origin, its inputs' ranges)
-        self._absmax: list = []
+        self._stats: list = []        # per value: _stats
+        self._index: dict = {}        # value (param index or (node, output)) -> the indices of its stats
         self._constant: list[bool] = []   # per node: whether its values follow from constants alone
+        self._makes: list = []        # per node: the stats indices of its floating outputs (() for a move)
+        # per candidate origin: (node position, stats indices of all its floating inputs, of each of its first
+        # INPUTS operands)
+        self._candidates: list = []
 
     def layout(self) -> Layout:
         return Layout(self.ranks is not None, self.ranges)
 
-    def _of(self, where, array):
-        if where not in self._stats:
+    def _of(self, where, array) -> tuple[int, ...]:
+        if where not in self._index:
             if where.__class__ is not int and self._constant[where[0]]:
                 # XLA would fold the reduction of a constant at compile time, in its slow evaluator
                 # (measured: 10 s for one Llama zeros_like); computed when the step runs instead
                 array = jax.lax.optimization_barrier(array)
-            self._stats[where] = _stats(array, self.ranks is not None)
-        return self._stats[where]
+            self._index[where] = (len(self._stats),)
+            self._stats.append(_stats(array, self.ranks is not None))
+        return self._index[where]
+
+    def _read(self, wires, operands) -> list[tuple[int, ...]]:
+        """Per operand, the indices of its stats (() where it is not floating)."""
+        return [self._of(w if w.__class__ is int else tuple(w), o) if _floating(_aval(self.graph, w)) else ()
+                for w, o in zip(wires, operands)]
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
         node = self.graph.nodes[position]
         self._constant.append(_name(node) in SHAPE_ONLY or all(
             w.__class__ is not int and self._constant[w[0]] for w in wires))
         if _name(node) in MOVES:
-            ins = [self._of(w if w.__class__ is int else tuple(w), o) for w, o in zip(wires, operands)
-                   if _floating(_aval(self.graph, w))]
-            if ins:
+            sources = tuple(i for ids in self._read(wires, operands) for i in ids)
+            if sources:
                 for i, aval in enumerate(node.avals):
                     if _floating(aval):
-                        self._stats[(position, i)] = _joined(ins)
-                if self.ranges:
-                    self._absmax.append(jnp.float32(jnp.nan))   # counted where the values were made
-                if self.ranks is not None:
-                    self._origins.append(None)
+                        self._index[(position, i)] = sources
+                self._makes.append(())   # counted where the values were made
                 return
-        outs = [self._of((position, i), r) for i, (r, aval) in enumerate(zip(results, node.avals))
-                if r is not None and _floating(aval)]
-        if self.ranges:
-            self._absmax.append(jnp.max(jnp.stack([jnp.maximum(-s[1], s[2]) for s in outs]))
-                                if outs else jnp.float32(jnp.nan))
-        if self.ranks is None:
-            return
-        if not outs or not wires or _asks_for_nonfinite(node):   # a factory's values are constants
-            self._origins.append(None)
-            return
-        ins = [self._of(w if w.__class__ is int else tuple(w), o) if _floating(_aval(self.graph, w)) else None
-               for w, o in zip(wires, operands)]
-        floats = [s for s in ins if s is not None]
-        in_nan = jnp.any(jnp.stack([_has_nan(s) for s in floats])) if floats else False
-        in_inf = jnp.any(jnp.stack([_has_inf(s) for s in floats])) if floats else False
-        out_nan = jnp.any(jnp.stack([_has_nan(s) for s in outs]))
-        out_inf = jnp.any(jnp.stack([_has_inf(s) for s in outs]))
-        new_nan = out_nan & ~in_nan
-        origin = new_nan | (out_inf & ~in_nan & ~in_inf)
-        ranges = [v for s in ins[:INPUTS] for v in (s[1:] if s is not None else (jnp.nan, jnp.nan))]
-        ranges += [jnp.float32(jnp.nan)] * (2 * INPUTS - len(ranges))
-        self._origins.append((origin, new_nan, jnp.stack([jnp.asarray(v, jnp.float32) for v in ranges])))
+        makes = tuple(i for k, (r, aval) in enumerate(zip(results, node.avals))
+                      if r is not None and _floating(aval) for i in self._of((position, k), r))
+        self._makes.append(makes)
+        if self.ranks is None or not makes or not wires or _asks_for_nonfinite(node):
+            return   # a factory's values are constants
+        reads = self._read(wires, operands)
+        self._candidates.append((position, tuple(i for ids in reads for i in ids), reads[:INPUTS]))
 
     def output(self):
         """The step's numerics vector (module docstring)."""
+        # the stats, and one more entry that pads index arrays: finite, empty
+        codes = jnp.stack([s[0] for s in self._stats] + [jnp.float32(0)])
+        lows = jnp.stack([s[1] for s in self._stats] + [jnp.float32(jnp.inf)])
+        highs = jnp.stack([s[2] for s in self._stats] + [jnp.float32(-jnp.inf)])
+        pad = len(self._stats)
         parts = []
         if self.ranks is not None:
-            found = [(k, o) for k, o in enumerate(self._origins) if o is not None]
-            if found:
-                never = len(self.ranks)
-                ranks = jnp.stack([jnp.where(o[0], self.ranks[k], never) for k, o in found])
-                pick = jnp.argmin(ranks)
-                seen = ranks[pick] < never
-                positions = jnp.asarray([k for k, _ in found], jnp.float32)
-                kinds = jnp.stack([jnp.where(o[1], 1.0, 2.0) for _, o in found])
-                ranges = jnp.stack([o[2] for _, o in found])
-                parts.append(jnp.concatenate([jnp.stack([jnp.where(seen, positions[pick], -1.0),
-                                                         jnp.where(seen, kinds[pick], 0.0)]), ranges[pick]]))
-            else:
-                parts.append(jnp.asarray([-1.0, 0.0] + [np.nan] * (2 * INPUTS), jnp.float32))
+            parts.append(self._first_origin(codes, lows, highs, pad))
         if self.ranges:
-            parts.append(jnp.stack(self._absmax).astype(jnp.float32) if self._absmax
-                         else jnp.zeros((0,), jnp.float32))
+            made = _padded(self._makes, pad)
+            absmax = jnp.max(jnp.maximum(-lows[made], highs[made]), axis=1)
+            parts.append(jnp.where(absmax < 0, jnp.nan, absmax))   # a node that made no floating value
         return jnp.concatenate(parts)
+
+    def _first_origin(self, codes, lows, highs, pad):
+        if not self._candidates:
+            return jnp.asarray([-1.0, 0.0] + [np.nan] * (2 * INPUTS), jnp.float32)
+        positions = [p for p, _, _ in self._candidates]
+        made, read = _padded([self._makes[p] for p in positions], pad), _padded([c[1] for c in self._candidates], pad)
+        in_nan, in_inf = jnp.any(codes[read] == 2, axis=1), jnp.any(codes[read] == 1, axis=1)
+        new_nan = jnp.any(codes[made] == 2, axis=1) & ~in_nan
+        origin = new_nan | (jnp.any(codes[made] == 1, axis=1) & ~in_nan & ~in_inf)
+        never = len(self.ranks)
+        ranks = jnp.where(origin, jnp.asarray([self.ranks[p] for p in positions]), never)
+        pick = jnp.argmin(ranks)
+        seen = ranks[pick] < never
+        # the picked node's first operands: each the min and max over the values it holds
+        operands = [list(c[2]) + [()] * (INPUTS - len(c[2])) for c in self._candidates]
+        width = max(1, max(len(ids) for c in operands for ids in c))
+        table = np.full((len(operands), INPUTS, width), pad, np.int32)
+        for k, c in enumerate(operands):
+            for i, ids in enumerate(c):
+                table[k, i, :len(ids)] = ids
+        chosen = jnp.asarray(table)[pick]
+        low, high = jnp.min(lows[chosen], axis=1), jnp.max(highs[chosen], axis=1)
+        ranges = jnp.where((low > high)[:, None], jnp.nan, jnp.stack([low, high], axis=1)).reshape(-1)
+        head = jnp.stack([jnp.where(seen, jnp.asarray(positions, jnp.float32)[pick], -1.0),
+                          jnp.where(seen, jnp.where(new_nan[pick], 1.0, 2.0), 0.0)])
+        return jnp.concatenate([head, ranges])
+
+
+def _padded(rows: list[tuple[int, ...]], pad: int):
+    """Rows of indices as one int32 array, short rows padded with `pad`."""
+    width = max(1, max((len(r) for r in rows), default=1))
+    table = np.full((len(rows), width), pad, np.int32)
+    for k, r in enumerate(rows):
+        table[k, :len(r)] = r
+    return jnp.asarray(table)
 
 
 def _aval(graph: Graph, wire):
