@@ -139,6 +139,8 @@ def test_no_false_report_over_twenty_steps_and_values_equal_the_flag_off(dev, mo
         with xlakit.capture() as steps:
             train(model, opt, batch, steps=18)
     assert [s.numerics.first_nonfinite for s in steps] == [None] * 18
+    # the recording order, keyed with the flag, is the same each step: one executable from the second on
+    assert len({s.key for s in steps[1:]}) == 1 and {s.cache for s in steps[1:]} == {"hit"}
 
 
 def test_it_names_the_op_jax_debug_nans_names(dev, nans):
@@ -218,6 +220,13 @@ def test_compiled_functions_find_the_first_nan_too(dev, nans):
     with pytest.raises(FloatingPointError, match=r"aten\.log\.default at test_numerics\.py:\d+ made the step's first NaN"):
         compiled(torch.zeros(3))   # its executable, run again
     assert xlakit.last_step().numerics.first_nonfinite.op == "aten.log.default"
+
+
+def test_the_environment_turns_it_on(new_python):
+    for value, expected in (("1", "True"), ("warn", "warn"), ("0", "False"), ("", "False")):
+        done = new_python("-c", "import xlakit; print(xlakit.config.check_nans)",
+                          env={**os.environ, "XLAKIT_CHECK_NANS": value})
+        assert done.stdout.split()[-1] == expected, done.stderr[-2000:]
 
 
 SHARDED = """
