@@ -27,3 +27,10 @@ def test_moe_benchmark_runs_quick(new_python):
     done = new_python(str(BENCH / "moe.py"), "--quick", timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| jax.jit ragged_dot, the floor |" in done.stdout and "| xlakit lazy (grouped_mm) |" in done.stdout
+
+
+def test_numerics_benchmark_runs_quick(new_python):
+    done = new_python(str(BENCH / "numerics.py"), "--quick", timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| jax.jit + jax_debug_nans |" in done.stdout and "| check_nans |" in done.stdout
+    assert "encountered in log" in done.stdout and "aten.log.default" in done.stdout

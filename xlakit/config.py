@@ -20,6 +20,13 @@ class Config:
     # integer division by zero) and raise eager's error after the step; off,
     # such input gives XLA's value silently (docs/bad_input.md).
     checks: bool = os.environ.get("XLAKIT_CHECKS", "1") != "0"
+    # Find, inside each step's executable, the op that made the step's first NaN or
+    # infinity from finite inputs, and raise FloatingPointError there (True) or warn
+    # ("warn"); rec.numerics.first_nonfinite (docs/numerics.md). Off by default.
+    check_nans: bool | str = {"": False, "0": False, "warn": "warn"}.get(os.environ.get("XLAKIT_CHECK_NANS", ""), True)
+    # Record the absolute maximum of each module's values against its dtype's
+    # largest finite value: rec.numerics.by_module (%%xla_step --ranges).
+    record_ranges: bool = False
     # StepRecords kept in memory (xlakit.steps()); older ones are dropped.
     record_limit: int = int(os.environ.get("XLAKIT_RECORD_LIMIT", "10000"))
     # Warn when the steps one user line runs (a loop's step marker) compile more than this

@@ -244,6 +244,53 @@ class ProfileInfo:
     platform: str = ""            # "cpu", "gpu", "tpu"
 
 
+@dataclasses.dataclass(frozen=True)
+class NonFinite:
+    """The op that made a step's first NaN or infinity from finite inputs (config.check_nans)."""
+
+    node: int                       # its position in StepRecord.graph.nodes
+    op: str                         # "aten.log.default"
+    module: str                     # "model.layers.3.mlp", "backward.model.layers.3.mlp", "optimizer", ""
+    source: Source | None           # the user's line and the library line that recorded it
+    kind: str                       # "nan" or "inf": what it made
+    inputs: tuple[tuple[float, float] | None, ...] = ()  # (min, max) of each of its first inputs' finite
+    #                                                      values; None: not floating point, or none finite
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleRange:
+    """How large a module's values got in one step (config.record_ranges)."""
+
+    absmax: float                   # the largest absolute finite value its ops computed
+    dtype: str                      # the dtype of those values ("bf16")
+    limit: float                    # that dtype's largest finite value
+    tiny: float                     # that dtype's smallest normal value
+
+    @property
+    def headroom(self) -> float:
+        """limit / absmax: how many times larger its values may grow before they overflow."""
+        return self.limit / self.absmax if self.absmax > 0 else float("inf")
+
+    @property
+    def underflows(self) -> bool:
+        """All its values are zero or below the dtype's normal range (subnormal)."""
+        return self.absmax < self.tiny
+
+
+@dataclasses.dataclass(frozen=True)
+class NumericsInfo:
+    """What a step's executable found about its values (config.check_nans, config.record_ranges)."""
+
+    first_nonfinite: NonFinite | None = None   # None: no op made a NaN or infinity (or check_nans was off)
+    ranges: dict[str, ModuleRange] | None = None   # per module path; None: ranges were not asked for
+    nans_checked: bool = False                     # whether check_nans looked for a first_nonfinite
+
+    @property
+    def by_module(self) -> dict[str, float]:
+        """{module path: absolute maximum} ({} when ranges were not asked for)."""
+        return {path: r.absmax for path, r in (self.ranges or {}).items()}
+
+
 @dataclasses.dataclass(frozen=True, repr=False)
 class StepRecord:
     """One execution. `trigger`, `cache` and `backend` are enums equal to their
@@ -278,6 +325,7 @@ class StepRecord:
     collectives: tuple[Collective, ...] = ()  # in the optimized HLO
     replay: Replay | None = None      # how its ops were recorded; None: not by xlakit's recorder
     profile: ProfileInfo | None = None  # measured, when it ran inside xlakit.profile()
+    numerics: NumericsInfo | None = None  # with config.check_nans or record_ranges; None: neither was on
 
     @property
     def donated_bytes(self) -> int | None:

@@ -22,6 +22,7 @@ import jax
 import jax.monitoring
 
 from ..core.checks import StepChecks
+from ..lowerings.numerics import Layout
 from ..core.record import Collective, CostInfo, MemoryInfo, ShardingInfo
 
 
@@ -31,6 +32,7 @@ class Entry:
     key: object               # keys.Key
     hlo: str                  # optimized HLO text, for views
     checks: StepChecks = StepChecks()   # what its extra output reports (core/checks.py)
+    numerics: Layout | None = None      # what its numerics output holds; None: it has none
     memory: MemoryInfo | None = None   # from the compiled executable (analysis/executable.py)
     cost: CostInfo | None = None
     shardings: ShardingInfo | None = None   # None: one device
@@ -115,7 +117,7 @@ def store(entry: Entry) -> None:
         from jax.experimental.serialize_executable import serialize
         executable, in_tree, out_tree = serialize(entry.compiled)
         stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "key": entry.key,
-                  "hlo": entry.hlo, "checks": entry.checks, "memory": entry.memory, "cost": entry.cost,
+                  "hlo": entry.hlo, "checks": entry.checks, "numerics": entry.numerics, "memory": entry.memory, "cost": entry.cost,
                   "collectives": entry.collectives}
         with tempfile.NamedTemporaryFile(dir=_EXECUTABLES, suffix=".part", delete=False) as f:
             part = Path(f.name)

@@ -10,13 +10,11 @@ other tensor, pending or computed, still reads it.
 """
 from __future__ import annotations
 
-from ..config import config
 from ..core import sharding
 from ..core.ir import DeviceData, Graph, operand_data, pending_nodes
 from ..core.record import Trigger
-from ..lowerings import to_jax
 from . import keys
-from .executor import Engine
+from .executor import Engine, compile_flags
 
 
 def donating(engine: Engine, graph: Graph, donors: tuple[int, ...]):
@@ -24,7 +22,7 @@ def donating(engine: Engine, graph: Graph, donors: tuple[int, ...]):
     parameters `donors` are donated: found in the cache or compiled (and recorded as
     any miss is). Returns its cache entry."""
     with engine.lock:
-        flags = keys.compile_flags(to_jax.matmul_precision(), to_jax.LOWERING_VERSION, config.checks)
+        flags = compile_flags(graph)
         placement = sharding.plan(graph, donors)
         key = keys.compute_key(graph, donors, flags, placement)
         entry, *_ = engine._executable(graph, donors, key, flags, placement)

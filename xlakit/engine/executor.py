@@ -23,8 +23,9 @@ from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
 from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
+from ..lowerings import numerics as numerics_lowering
 from . import cache as cache_mod
-from . import check_results, keys, profiling, stages, tape
+from . import check_results, keys, numerics, profiling, stages, tape
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
@@ -258,7 +259,7 @@ class Engine:
         planned = stages.plan(cut, live, full=full, donate=config.donate)
         graph, donors = planned.graph, planned.donors
         placement = sharding.plan(graph, donors)
-        flags = keys.compile_flags(to_jax.matmul_precision(), to_jax.LOWERING_VERSION, config.checks)
+        flags = compile_flags(graph)
         key = run.key(graph, donors, flags) if replayed and placement is None else None
         key = key or keys.compute_key(graph, donors, flags, placement)
         if run is not None and full and placement is None:
@@ -267,7 +268,7 @@ class Engine:
         inherited = self.ledger.inherited(graph)
 
         t3 = time.perf_counter()
-        outputs, checked = _split_checks(entry, self._run(entry, sharding.arguments(graph, placement), graph))
+        outputs, checked, watched = _split_checks(entry, self._run(entry, sharding.arguments(graph, placement), graph))
         execute_s = time.perf_counter() - t3
 
         donated = [_donate(i, graph.params[i]) for i in donors]
@@ -275,11 +276,12 @@ class Engine:
         results = [node.results[i] for node, i in planned.roots]
         previous = self.ledger.bound(results, targets)
         graph_info = _any_graph_info(entry, graph, donors, key)
+        found = None if watched is None else numerics.read(entry.numerics, watched, graph_info)
         if checked is not None or inherited:
             self.ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
         self._append_record(entry, key, graph_info, trigger=trigger,
-                            cache=outcome, donated=tuple(donated), changed=changed, why=why,
+                            cache=outcome, donated=tuple(donated), changed=changed, why=why, numerics=found,
                             note=planned.note, source=source, replay=run.replay() if run is not None else None,
                             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
@@ -287,6 +289,8 @@ class Engine:
             self._verify()
         else:
             self.ledger.read_oldest(self.live_values)
+        if found is not None:
+            numerics.report(found)
         return entry, graph
 
     def _executable(self, graph: Graph, donors, key: keys.Key, flags, placement):
@@ -315,22 +319,25 @@ class Engine:
         with self.lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
-            outputs, checked = _split_checks(entry, self._run(entry, arrays, None))
+            outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None))
             graph_info = next(iter(entry.graph_infos.values()))
+            found = None if watched is None else numerics.read(entry.numerics, watched, graph_info)
             records = tuple(_donate(i, data) for i, data in donated.items())
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=records,
-                                note=note, source=source,
+                                note=note, source=source, numerics=found,
                                 timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
                                                 waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
                 error = check_results.Step(checked, entry.checks, graph_info.nodes).read()
                 if error is not None:
                     raise error
+            if found is not None:
+                numerics.report(found)
             return outputs
 
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
                        donated: tuple, timings: Timings, note: str, source: str | None,
-                       changed: tuple = (), why: tuple = (), replay=None) -> None:
+                       changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> None:
         self.counters["executions"] += 1
         self.counters["donated_buffers"] += len(donated)
         self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
@@ -341,7 +348,7 @@ class Engine:
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
             memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
-            replay=replay, cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
+            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
                 1, self.counters["cache_hits"] + self.counters["cache_misses"]),
         ))
         self.trace_seconds = 0.0
@@ -375,8 +382,9 @@ class Engine:
 
     def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
         t0 = time.perf_counter()
-        lowered, step_checks = to_jax.lower(graph, donors, flags["matmul_precision"], placement,
-                                              check=flags["checks"] == "on")
+        lowered, step_checks, layout = to_jax.lower(
+            graph, donors, flags["matmul_precision"], placement, check=flags["checks"] == "on",
+            nans=numerics_lowering.recording_ranks(graph) if "nans" in flags else None, ranges="ranges" in flags)
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()
@@ -386,7 +394,7 @@ class Engine:
         self.counters["persistent_cache_hits" if outcome is Cache.PERSISTENT_HIT else "compiles"] += 1
         hlo = compiled.as_text() or ""
         devices = jax.devices()[:1] if placement is None else placement.devices()
-        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, checks=step_checks,
+        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, checks=step_checks, numerics=layout,
                                 memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
@@ -527,11 +535,21 @@ def _donate(index: int, data: DeviceData) -> DonatedBuffer:
 
 
 def _split_checks(entry, outputs):
-    """(the roots' arrays, the checks' array or None): an executable with
-    checks returns their flags after its roots."""
+    """(the roots' arrays, the checks' array or None, the numerics vector or None):
+    an executable with checks returns their flags after its roots, then its numerics."""
+    watched = None
+    if entry.numerics is not None:
+        outputs, watched = outputs[:-1], outputs[-1]
     if not entry.checks.checks:
-        return outputs, None
-    return outputs[:-1], outputs[-1]
+        return outputs, None, watched
+    return outputs[:-1], outputs[-1], watched
+
+
+def compile_flags(graph: Graph) -> dict[str, str]:
+    """The key's compile flags for `graph` under the current config (checks, NaN origin, ranges)."""
+    return keys.compile_flags(to_jax.matmul_precision(), to_jax.LOWERING_VERSION, config.checks,
+                              nans=numerics_lowering.recording_ranks(graph) if config.check_nans else None,
+                              ranges=config.record_ranges)
 
 
 def _depends_on(node: Node, target: Node) -> bool:

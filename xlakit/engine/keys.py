@@ -63,11 +63,19 @@ def metadata_digest(graph: Graph) -> str:
     return digest(metadata_bytes(graph))
 
 
-def compile_flags(matmul_precision: str, lowering_version: str, checks: bool) -> dict[str, str]:
+def compile_flags(matmul_precision: str, lowering_version: str, checks: bool, *,
+                  nans: tuple[int, ...] | None = None, ranges: bool = False) -> dict[str, str]:
     """Settings that change the compiled code; dump and debug flags are left out.
-    `checks`: whether the executable computes the in-graph checks (config.checks)."""
-    return {"XLA_FLAGS": compiler_xla_flags(), "matmul_precision": matmul_precision,
-            "lowering": lowering_version, "checks": "on" if checks else "off"}
+    `checks`: whether the executable computes the in-graph checks (config.checks);
+    `nans`: the nodes' recording ranks, where it finds the first non-finite value
+    (config.check_nans); `ranges`: whether it records each node's absolute maximum."""
+    flags = {"XLA_FLAGS": compiler_xla_flags(), "matmul_precision": matmul_precision,
+             "lowering": lowering_version, "checks": "on" if checks else "off"}
+    if nans is not None:   # the order is compiled in: the first origin is picked in-graph
+        flags["nans"] = "on " + digest(marshal.dumps(nans, 2))
+    if ranges:
+        flags["ranges"] = "on"
+    return flags
 
 
 def compiler_xla_flags() -> str:

@@ -19,7 +19,7 @@ from .. import lowerings
 from ..core import checks, sharding, sources
 from ..core.ir import Aval, Graph, Node, Slot, fill
 from ..core.state import PROCESS
-from . import registry
+from . import numerics, registry
 from .dtypes import jax_dtype
 from .verdicts import NeedsEager
 
@@ -64,10 +64,10 @@ class NodeFailedIndexError(NodeFailedError, IndexError):
 
 
 def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
-            *params):
+            watch: numerics.Watch | None, *params):
     """The graph on tracers; its roots, then, if its lowerings asked for checks
     (recorded into `trace`; None: checks are off), one int64 array of (ok,
-    offending value) per check."""
+    offending value) per check, then, with a `watch`, its numerics vector."""
     outputs: list[list] = []
     # root j takes donors[j]'s buffer (the plan orders the roots so)
     donated = {root: donor for root, donor in zip(graph.roots, donors)}
@@ -82,6 +82,8 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
                     results = sharding.constrain(node, operands)
                 else:
                     results = _lower_node(node, operands)
+                if watch is not None:
+                    watch.node(position, wires, operands, results)
             if trace is not None:
                 mask = trace.depend(wires)
                 for i, result in enumerate(results):
@@ -102,9 +104,10 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
         # traced, is not among them
         roots = tuple(r if s is None else jax.lax.with_sharding_constraint(r, s)
                       for r, s in zip(roots, out_shardings))
-    if not trace:
-        return roots
-    return (*roots, trace.flags())
+    extra = (trace.flags(),) if trace else ()
+    if watch is not None:
+        extra += (watch.output(),)
+    return (*roots, *extra)
 
 
 _INSTRUCTION = re.compile(r'\s*(?:ROOT )?%([\w.\-]+) = .*metadata=\{op_name="[^"]*?/%(\d+) ')
@@ -214,21 +217,27 @@ def _promoted(op, lowering, template, avals, operands) -> list:
 
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
-          placement: sharding.Placement | None = None, *, check: bool = True):
-    """Trace and lower to StableHLO; returns jax's Lowered object and the
-    checks tracing found (`check=False`: none are computed). With a placement,
-    for its mesh: GSPMD/Shardy propagate the shardings it gives."""
+          placement: sharding.Placement | None = None, *, check: bool = True,
+          nans: tuple[int, ...] | None = None, ranges: bool = False):
+    """Trace and lower to StableHLO; returns jax's Lowered object, the
+    checks tracing found (`check=False`: none are computed) and the layout of
+    its numerics output (None: it has none; `nans`: the nodes' recording ranks,
+    numerics.recording_ranks, to find the first non-finite value; `ranges`:
+    each node's absolute maximum). With a placement, for its mesh:
+    GSPMD/Shardy propagate the shardings it gives."""
     trace = checks.Trace() if check else None
+    watch = numerics.Watch(graph, nans, ranges) if nans is not None or ranges else None
     # keep_unused: every graph input stays an executable parameter, so the
     # executable's signature is exactly the graph's (JAX would prune inputs
     # that only lend their shape, e.g. to zeros_like)
     on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
     out_shardings = () if placement is None else placement.outputs
-    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings), donate_argnums=donors,
+    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings, watch), donate_argnums=donors,
                  keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
         lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))
-    return lowered, trace.found_checks(graph.roots) if trace else checks.StepChecks()
+    step_checks = trace.found_checks(graph.roots) if trace else checks.StepChecks()
+    return lowered, step_checks, None if watch is None else watch.layout()
 
 
 def matmul_precision() -> str:

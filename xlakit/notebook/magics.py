@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
@@ -23,6 +24,17 @@ HISTORY: collections.deque[tuple[str, StepRecord]] = PROCESS.keep(
     why="%xla_history lists the steps %%xla_step ran")
 
 
+@contextlib.contextmanager
+def _numerics(nans: bool, ranges: bool):
+    """config.check_nans and config.record_ranges on for one cell (a setting already on stays)."""
+    before = config.check_nans, config.record_ranges
+    config.check_nans, config.record_ranges = before[0] or nans, before[1] or ranges
+    try:
+        yield
+    finally:
+        config.check_nans, config.record_ranges = before
+
+
 @magics_class
 class XlaMagics(Magics):
     @magic_arguments()
@@ -38,6 +50,10 @@ class XlaMagics(Magics):
               help="with --profile: run each executable N times and keep the median (default 1)")
     @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
               help="whose executor: xlakit's, or the real torch_xla's")
+    @argument("--nans", action="store_true",
+              help="find the op that made the first NaN or infinity, and raise there (config.check_nans)")
+    @argument("--ranges", action="store_true",
+              help="record each module's largest value against its dtype's limit (config.record_ranges)")
     @cell_magic
     def xla_step(self, line, cell):
         """Run the cell, then a step marker; show one view per step the cell produced."""
@@ -46,7 +62,8 @@ class XlaMagics(Magics):
         run = self._run_torch_xla if args.backend == Backend.TORCH_XLA else self._run_xlakit
         records = []
         try:
-            with session.profile(args.profile_runs) if args.profile else session.capture() as records:
+            with (session.profile(args.profile_runs) if args.profile else session.capture()) as records, \
+                    _numerics(args.nans, args.ranges):
                 run(cell)
         finally:
             # on an error, what ran so far is still shown; the error then propagates

@@ -13,7 +13,7 @@ import html
 
 from ..analysis import misses
 from ..core.record import Backend, Cache, StepRecord, Timings
-from . import graph_dot, panels, profile_view, sharding_view
+from . import graph_dot, numerics_view, panels, profile_view, sharding_view
 from .units import human_bytes
 
 # left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
@@ -167,6 +167,7 @@ def text(record: StepRecord, name: str | None = None, previous: StepRecord | Non
     lines += [f"  sharding: {line}" for line in sharding_view.summary_lines(record)]
     lines += [f"  memory: {line}" for line in panels.memory_lines(record)]
     lines.append(f"  cost: {panels.cost_line(record)}")
+    lines += [f"  numerics: {line}" for line in numerics_view.lines(record)]
     return "\n".join(lines)
 
 
@@ -198,6 +199,8 @@ def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) ->
         *profile_view.sections(record),
         *sharding_view.sections(record),
     ]
+    if record.numerics is not None:
+        sections.append(("Numerics", "<h4>Numerics</h4>" + numerics_view.html_panel(record)))
     if hlo:
         sections.append(("HLO", f"<h4>HLO</h4><pre>{html.escape(record.hlo or 'unknown')}</pre>"))
     return sections

@@ -1,0 +1,153 @@
+"""What finding the first NaN costs (issue: numerics).
+
+1. The same program, a 12-layer MLP whose 7th layer takes the log of a
+   negative number, in JAX under `jax_debug_nans` (which re-runs a jitted
+   function that returned a NaN op by op, de-optimized, to name the primitive)
+   and in torch on xlakit with `config.check_nans` (the origin found inside the
+   compiled step). Per peer: the step with no check, and the time from the call
+   to the error naming the op, both warm (executables compiled).
+2. What check_nans and record_ranges cost on the Llama training step of
+   bench/real_models.py: the executable's own time (StepRecord.timings.execute,
+   median of the steps after the first two) and XLA's cost analysis, off and on.
+
+`python bench/numerics.py [--quick]`
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from real_models import llama  # noqa: E402
+
+import xlakit  # noqa: E402
+
+LAYERS, BAD_LAYER = 12, 6
+
+
+def timed(fn) -> tuple[float, str]:
+    """Seconds `fn()` took and the FloatingPointError it raised ("" if none)."""
+    t0 = time.perf_counter()
+    try:
+        fn()
+    except FloatingPointError as e:
+        return time.perf_counter() - t0, str(e)
+    return time.perf_counter() - t0, ""
+
+
+def best(fn, repeats: int) -> tuple[float, str]:
+    runs = [timed(fn) for _ in range(repeats + 1)][1:]   # the first compiles
+    return min(t for t, _ in runs), runs[-1][1]
+
+
+def mlp_jax(weights, x):
+    for k, w in enumerate(weights):
+        x = jnp.tanh(x @ w)
+        if k == BAD_LAYER:
+            x = jnp.log(x - 2.0)   # tanh < 1: log of a negative number
+    return x.sum()
+
+
+def mlp_torch(weights, x):
+    for k, w in enumerate(weights):
+        x = torch.tanh(x @ w)
+        if k == BAD_LAYER:
+            x = torch.log(x - 2.0)
+    return x.sum()
+
+
+def compare_with_jax(width: int, repeats: int) -> None:
+    rng = np.random.default_rng(0)
+    weights = [rng.standard_normal((width, width), np.float32) / np.sqrt(width) for _ in range(LAYERS)]
+    x = rng.standard_normal((width, width), np.float32)
+
+    jw, jx = [jnp.asarray(w) for w in weights], jnp.asarray(x)
+    step = jax.jit(mlp_jax)
+    plain_jax, _ = best(lambda: step(jw, jx).block_until_ready(), repeats)
+    with jax.debug_nans(True):
+        found_jax, jax_error = best(lambda: step(jw, jx).block_until_ready(), repeats)
+
+    dev = xlakit.device()
+    tw, tx = [torch.from_numpy(w).to(dev) for w in weights], torch.from_numpy(x).to(dev)
+    xlakit.mark_step()
+
+    def xlakit_step():
+        out = mlp_torch(tw, tx)
+        xlakit.mark_step()
+        return out
+    plain_xlakit, _ = best(xlakit_step, repeats)
+    xlakit.config.check_nans = True
+    try:
+        found_xlakit, xlakit_error = best(xlakit_step, repeats)
+    finally:
+        xlakit.config.check_nans = False
+
+    print(f"\n### First NaN in a {LAYERS}-layer MLP ({width}x{width}, log of a negative after layer {BAD_LAYER + 1}),"
+          " warm, best of", repeats)
+    print("\n| peer | step, no check (ms) | to the error (ms) | the error names |")
+    print("|---|---|---|---|")
+    print(f"| jax.jit + jax_debug_nans | {plain_jax * 1e3:.2f} | {found_jax * 1e3:.2f} | "
+          f"{jax_error.splitlines()[0][:70] if jax_error else '(none)'} |")
+    print(f"| xlakit + check_nans | {plain_xlakit * 1e3:.2f} | {found_xlakit * 1e3:.2f} | "
+          f"{xlakit_error[:70] if xlakit_error else '(none)'} |")
+
+
+def llama_cost(quick: bool, steps: int) -> None:
+    torch.manual_seed(0)
+    model, _ = llama(quick)
+    dev = xlakit.device()
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, model.config.vocab_size, (8, 128)).to(dev)
+    xlakit.mark_step()
+
+    def run(nans, ranges):
+        xlakit.config.check_nans, xlakit.config.record_ranges = nans, ranges
+        try:
+            with xlakit.capture() as records:
+                for _ in range(steps + 2):
+                    opt.zero_grad()
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    opt.step()
+                    xlakit.mark_step()
+        finally:
+            xlakit.config.check_nans, xlakit.config.record_ranges = False, False
+        timed_steps = [r for r in records[2:] if r.trigger == "mark_step"]
+        built = sum(r.timings.lower + r.timings.compile for r in records)
+        return statistics.median(r.timings.execute for r in timed_steps), timed_steps[-1], built
+
+    rows = [("off", *run(False, False)), ("check_nans", *run(True, False)), ("record_ranges", *run(False, True)),
+            ("off, again", *run(False, False))]
+    base = statistics.mean([rows[0][1], rows[-1][1]])
+    nodes = rows[0][2].num_nodes
+    print(f"\n### Llama training step (bench/real_models.py{' --quick' if quick else ''}: {nodes} nodes), "
+          f"executable time, median of {steps} steps")
+    print("\n| numerics | execute (ms) | vs off | XLA flops | XLA bytes accessed | peak memory (MiB) "
+          "| lower + compile (s) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, seconds, record, built in rows:
+        memory = f"{record.memory.peak / 2**20:.1f}" if record.memory else "?"
+        print(f"| {name} | {seconds * 1e3:.2f} | {100 * (seconds / base - 1):+.1f}% | {record.cost.flops:.4g} | "
+              f"{record.cost.bytes_accessed:.4g} | {memory} | {built:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a smoke test)")
+    args = parser.parse_args()
+    print(f"device: {jax.devices()[0].device_kind}")
+    compare_with_jax(width=64 if args.quick else 1024, repeats=2 if args.quick else 10)
+    llama_cost(args.quick, steps=10 if args.quick else 20)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Numerics, computed inside a step's executable: where the first non-finite
+value came from (config.check_nans) and how large each node's values got
+(config.record_ranges).
+
+Per floating value of the step (an input, a node's output): whether it holds
+a NaN, whether it holds an infinity, its min and its max. A node is an
+*origin* when it made a NaN from inputs that hold none, or an infinity from
+inputs that are all finite, unless its own arguments ask for one
+(masked_fill(mask, -inf), full(nan)). Of the origins, the first in recording
+order is picked in-graph (the ranks are constants of the executable;
+keys.compile_flags keys them), and the min and max of its first inputs are
+gathered with it: one small float32 vector per step,
+
+    [position or -1, kind (1: NaN, 2: infinity), min 0, max 0, min 1, max 1, ...]
+
+then, with ranges, the absolute maximum of each node's floating outputs (NaN
+for a node that has none). engine/numerics.py reads it back.
+Nothing here changes a value the step computes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..core.ir import Graph, Node
+
+# Inputs of the first origin whose ranges are reported.
+INPUTS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a numerics output holds (kept with the executable)."""
+
+    nans: bool
+    ranges: bool
+
+    @property
+    def nans_size(self) -> int:
+        return 2 + 2 * INPUTS if self.nans else 0
+
+
+# Ops that only move, copy or select values: they make no NaN or infinity, so none
+# is an origin, and their outputs' stats are their floating inputs' (no reduction of
+# their own). A NaN a slice leaves out still counts as an input's: it was made
+# earlier, by an origin found first, or came with the step's inputs.
+MOVES = frozenset({
+    "view", "view_copy", "_unsafe_view", "reshape", "t", "t_copy", "transpose", "transpose_copy", "permute",
+    "permute_copy", "expand", "expand_copy", "slice", "slice_copy", "select", "select_copy", "unsqueeze",
+    "unsqueeze_copy", "squeeze", "squeeze_copy", "alias", "alias_copy", "clone", "cat", "stack",
+    "slice_backward", "select_backward", "embedding", "index_select", "gather", "as_strided", "as_strided_copy",
+    "split", "split_copy", "split_with_sizes", "split_with_sizes_copy", "unbind", "unbind_copy", "repeat",
+    "flip", "roll", "diagonal", "diagonal_copy", "narrow", "narrow_copy", "detach", "detach_copy",
+    "lift_fresh_copy", "unfold", "unfold_copy", "mark_sharding",
+})
+
+
+# Ops whose values do not depend on their operands' values (only on their shapes).
+SHAPE_ONLY = frozenset({
+    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "fill", "new_zeros",
+    "new_ones", "new_full", "new_empty", "new_empty_strided", "empty_strided", "empty", "zeros", "ones", "full",
+    "arange", "scalar_tensor", "linspace", "logspace", "eye",
+})
+
+
+def _name(node: Node) -> str:
+    """'log' for aten.log.default."""
+    return str(node.op).split(".")[1]
+
+
+def _floating(aval) -> bool:
+    return aval is not None and aval.dtype.is_floating_point
+
+
+def _stats(x, nans: bool):
+    """(code, min, max) of one array, as float32: code 2 where it holds a NaN, else
+    1 where it holds an infinity, else 0 (XLA's min and max on CPU skip a NaN that
+    comes first, so they cannot say; 0 unless `nans`). A NaN hides an infinity
+    beside it, which an origin never needs: a NaN-free array is one whose
+    infinities are known. One variadic reduction, one pass over the array
+    (three separate ones doubled the bytes XLA's cost analysis counts on the
+    quick Llama step of bench/numerics.py: 4.1e8 against 1.9e8)."""
+    if x.size == 0:
+        return jnp.float32(0), jnp.float32(0), jnp.float32(0)
+    code = jnp.where(jnp.isfinite(x), 0, jnp.where(jnp.isnan(x), 2, 1)).astype(x.dtype) if nans else \
+        jnp.zeros_like(x)
+    inf = np.array(np.inf, x.dtype)
+    code, low, high = jax.lax.reduce((code, x, x), (np.array(0, x.dtype), inf, -inf),
+                                     lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1]),
+                                                   jnp.maximum(a[2], b[2])), tuple(range(x.ndim)))
+    return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
+
+
+def _asks_for_nonfinite(node: Node) -> bool:
+    """Whether a constant argument of the node is itself NaN or infinite (a mask fill)."""
+    args, kwargs = node.template
+    return any(isinstance(v, float) and not math.isfinite(v) for v in (*args, *(v for _, v in kwargs)))
+
+
+class Watch:
+    """Collects, while a graph is traced (to_jax._replay), what its numerics output needs:
+    one (code, min, max) per floating value, and per node the values it reads and
+    makes, by index. The per-node logic runs once, on arrays, in `output`: as scalar
+    ops per node it was ~20 HLO ops a node, which tripled the Llama step's compile time."""
+
+    def __init__(self, graph: Graph, ranks: tuple[int, ...] | None, ranges: bool):
+        self.graph, self.ranks, self.ranges = graph, ranks, ranges
+        self._stats: list = []        # per value: _stats
+        self._index: dict = {}        # value (param index or (node, output)) -> the indices of its stats
+        self._constant: list[bool] = []   # per node: whether its values follow from constants alone
+        self._makes: list = []        # per node: the stats indices of its floating outputs (() for a move)
+        # per candidate origin: (node position, stats indices of all its floating inputs, of each of its first
+        # INPUTS operands)
+        self._candidates: list = []
+
+    def layout(self) -> Layout:
+        return Layout(self.ranks is not None, self.ranges)
+
+    def _of(self, where, array) -> tuple[int, ...]:
+        if where not in self._index:
+            if where.__class__ is not int and self._constant[where[0]]:
+                # XLA would fold the reduction of a constant at compile time, in its slow evaluator
+                # (measured: 10 s for one Llama zeros_like); computed when the step runs instead
+                array = jax.lax.optimization_barrier(array)
+            self._index[where] = (len(self._stats),)
+            self._stats.append(_stats(array, self.ranks is not None))
+        return self._index[where]
+
+    def _read(self, wires, operands) -> list[tuple[int, ...]]:
+        """Per operand, the indices of its stats (() where it is not floating)."""
+        return [self._of(w if w.__class__ is int else tuple(w), o) if _floating(_aval(self.graph, w)) else ()
+                for w, o in zip(wires, operands)]
+
+    def node(self, position: int, wires, operands: list, results: list) -> None:
+        node = self.graph.nodes[position]
+        self._constant.append(_name(node) in SHAPE_ONLY or all(
+            w.__class__ is not int and self._constant[w[0]] for w in wires))
+        if _name(node) in MOVES:
+            sources = tuple(i for ids in self._read(wires, operands) for i in ids)
+            if sources:
+                for i, aval in enumerate(node.avals):
+                    if _floating(aval):
+                        self._index[(position, i)] = sources
+                self._makes.append(())   # counted where the values were made
+                return
+        makes = tuple(i for k, (r, aval) in enumerate(zip(results, node.avals))
+                      if r is not None and _floating(aval) for i in self._of((position, k), r))
+        self._makes.append(makes)
+        if self.ranks is None or not makes or not wires or _asks_for_nonfinite(node):
+            return   # a factory's values are constants
+        reads = self._read(wires, operands)
+        self._candidates.append((position, tuple(i for ids in reads for i in ids), reads[:INPUTS]))
+
+    def output(self):
+        """The step's numerics vector (module docstring)."""
+        # the stats, and one more entry that pads index arrays: finite, empty
+        codes = jnp.stack([s[0] for s in self._stats] + [jnp.float32(0)])
+        lows = jnp.stack([s[1] for s in self._stats] + [jnp.float32(jnp.inf)])
+        highs = jnp.stack([s[2] for s in self._stats] + [jnp.float32(-jnp.inf)])
+        pad = len(self._stats)
+        parts = []
+        if self.ranks is not None:
+            parts.append(self._first_origin(codes, lows, highs, pad))
+        if self.ranges:
+            made = _padded(self._makes, pad)
+            absmax = jnp.max(jnp.maximum(-lows[made], highs[made]), axis=1)
+            parts.append(jnp.where(absmax < 0, jnp.nan, absmax))   # a node that made no floating value
+        return jnp.concatenate(parts)
+
+    def _first_origin(self, codes, lows, highs, pad):
+        if not self._candidates:
+            return jnp.asarray([-1.0, 0.0] + [np.nan] * (2 * INPUTS), jnp.float32)
+        positions = [p for p, _, _ in self._candidates]
+        made, read = _padded([self._makes[p] for p in positions], pad), _padded([c[1] for c in self._candidates], pad)
+        in_nan, in_inf = jnp.any(codes[read] == 2, axis=1), jnp.any(codes[read] == 1, axis=1)
+        new_nan = jnp.any(codes[made] == 2, axis=1) & ~in_nan
+        origin = new_nan | (jnp.any(codes[made] == 1, axis=1) & ~in_nan & ~in_inf)
+        never = len(self.ranks)
+        ranks = jnp.where(origin, jnp.asarray([self.ranks[p] for p in positions]), never)
+        pick = jnp.argmin(ranks)
+        seen = ranks[pick] < never
+        # the picked node's first operands: each the min and max over the values it holds
+        operands = [list(c[2]) + [()] * (INPUTS - len(c[2])) for c in self._candidates]
+        width = max(1, max(len(ids) for c in operands for ids in c))
+        table = np.full((len(operands), INPUTS, width), pad, np.int32)
+        for k, c in enumerate(operands):
+            for i, ids in enumerate(c):
+                table[k, i, :len(ids)] = ids
+        chosen = jnp.asarray(table)[pick]
+        low, high = jnp.min(lows[chosen], axis=1), jnp.max(highs[chosen], axis=1)
+        ranges = jnp.where((low > high)[:, None], jnp.nan, jnp.stack([low, high], axis=1)).reshape(-1)
+        head = jnp.stack([jnp.where(seen, jnp.asarray(positions, jnp.float32)[pick], -1.0),
+                          jnp.where(seen, jnp.where(new_nan[pick], 1.0, 2.0), 0.0)])
+        return jnp.concatenate([head, ranges])
+
+
+def _padded(rows: list[tuple[int, ...]], pad: int):
+    """Rows of indices as one int32 array, short rows padded with `pad`."""
+    width = max(1, max((len(r) for r in rows), default=1))
+    table = np.full((len(rows), width), pad, np.int32)
+    for k, r in enumerate(rows):
+        table[k, :len(r)] = r
+    return jnp.asarray(table)
+
+
+def _aval(graph: Graph, wire):
+    if wire.__class__ is int:
+        return graph.params[wire].aval
+    return graph.nodes[wire[0]].avals[wire[1]]
+
+
+def recording_ranks(graph: Graph) -> tuple[int, ...]:
+    """Each node's place in recording order (Node.seq) among the graph's nodes."""
+    order = sorted(range(len(graph.nodes)), key=lambda k: graph.nodes[k].seq)
+    ranks = [0] * len(order)
+    for rank, k in enumerate(order):
+        ranks[k] = rank
+    return tuple(ranks)

@@ -1,0 +1,105 @@
+"""The Numerics panel of a step view (rec.numerics): the op that made the
+step's first NaN or infinity (config.check_nans), and per module how large its
+values got against its dtype's limits (config.record_ranges, %%xla_step
+--ranges), as plain text and as static HTML (bars on a log scale).
+
+A module is marked *near overflow* when its largest value is within 2^4 of its
+dtype's largest finite value in bfloat16 or float16 (the dtypes a training
+run overflows in), and *underflows* when all its values are zero or below the
+dtype's smallest normal number.
+"""
+from __future__ import annotations
+
+import html
+import math
+
+from ..core.record import ModuleRange, NonFinite, StepRecord
+
+NEAR = 2 ** 4            # headroom below which a low-precision module is marked
+LOW_PRECISION = ("bf16", "f16")
+WORST = 3                # modules the text view names
+
+
+def near_overflow(r: ModuleRange) -> bool:
+    return r.dtype in LOW_PRECISION and r.headroom < NEAR
+
+
+def module_name(path: str) -> str:
+    return path or "(top level)"
+
+
+def worst(ranges: dict[str, ModuleRange], count: int = WORST) -> list[tuple[str, ModuleRange]]:
+    """The modules closest to their dtype's largest value, closest first."""
+    return sorted(ranges.items(), key=lambda item: item[1].headroom)[:count]
+
+
+def nonfinite_line(found: NonFinite) -> str:
+    where = " at " + _where(found) if found.source is not None else ""
+    module = f" in {found.module}" if found.module else ""
+    made = "NaN" if found.kind == "nan" else "infinity"
+    inputs = "; ".join(f"input {i} min {r[0]:.4g} max {r[1]:.4g}" for i, r in enumerate(found.inputs) if r)
+    return f"first {made} made by {found.op}{module}{where}" + (f" ({inputs})" if inputs else "")
+
+
+def _where(found: NonFinite) -> str:
+    user, library = found.source.user, found.source.library
+    return " -> ".join(f"{f.file.rsplit('/', 1)[-1]}:{f.line}" for f in (user, library) if f is not None)
+
+
+def lines(record: StepRecord) -> list[str]:
+    """The text view's numerics lines ([] when neither check_nans nor ranges was on)."""
+    n = record.numerics
+    if n is None:
+        return []
+    out = []
+    if n.first_nonfinite is not None:
+        out.append(nonfinite_line(n.first_nonfinite))
+    if n.ranges:
+        named = ", ".join(f"{module_name(path)} {_headroom(r)}" for path, r in worst(n.ranges))
+        out.append(f"closest to overflow: {named}")
+        near = [module_name(p) for p, r in n.ranges.items() if near_overflow(r)]
+        if near:
+            out.append(f"within 2^4 of overflow: {', '.join(near)}")
+        under = [module_name(p) for p, r in n.ranges.items() if r.underflows]
+        if under:
+            out.append(f"underflow to zero: {', '.join(under)}")
+    if n.nans_checked and n.first_nonfinite is None:
+        out.insert(0, "no op made a NaN or infinity")
+    return out
+
+
+def _headroom(r: ModuleRange) -> str:
+    if r.absmax == 0:
+        return f"(all zero, {r.dtype})"
+    return f"(max {r.absmax:.3g}, 2^{math.log2(r.headroom):.1f} below {r.dtype}'s largest)"
+
+
+def html_panel(record: StepRecord) -> str:
+    n = record.numerics
+    parts = []
+    if n.first_nonfinite is not None:
+        parts.append(f'<div class="xlakit-warning">&#9888; {html.escape(nonfinite_line(n.first_nonfinite))}</div>')
+    elif n.nans_checked:
+        parts.append("<div>No op made a NaN or infinity in this step.</div>")
+    if n.ranges:
+        parts.append("<div>The largest absolute value each module's ops computed (forward, "
+                     "<code>backward.&lt;module&gt;</code> for the gradients into it, <code>optimizer</code>), "
+                     "on a log scale from its dtype's smallest normal value to its largest finite value. "
+                     "Marked: within 2^4 of overflow in bf16/f16, and underflowing to zero.</div>")
+        rows = "".join(_row(path, r) for path, r in sorted(n.ranges.items(), key=lambda item: item[1].headroom))
+        parts.append('<table class="xlakit-numerics"><tr><th>module</th><th>dtype</th><th>abs max</th>'
+                     f"<th>headroom</th><th></th></tr>{rows}</table>")
+    return "".join(parts)
+
+
+def _row(path: str, r: ModuleRange) -> str:
+    low, high = math.log2(r.tiny), math.log2(r.limit)
+    at = math.log2(r.absmax) if r.absmax > 0 else low
+    width = max(0.0, min(1.0, (at - low) / (high - low))) * 100
+    mark = "near overflow" if near_overflow(r) else "underflows" if r.underflows else ""
+    color = "#d93025" if mark == "near overflow" else "#f9ab00" if mark else "#1a73e8"
+    headroom = "&infin;" if r.absmax == 0 else f"2^{math.log2(r.headroom):.1f}"
+    bar = (f'<div style="width:200px;background:#eee"><div class="xlakit-bar" '
+           f'style="width:{width:.1f}%;height:8px;background:{color}"></div></div>')
+    return (f'<tr class="{mark.replace(" ", "-")}"><td>{html.escape(module_name(path))}</td><td>{r.dtype}</td>'
+            f"<td>{r.absmax:.3g}</td><td>{headroom}</td><td>{bar}</td><td>{mark}</td></tr>")
