@@ -40,7 +40,11 @@ def display(record) -> dict:
     """What showing a step costs in the kernel: its HTML (static SVG) and its widget, nothing reused."""
     graph_model._LAST.clear()
     graph_dot._LAST.clear()
-    return views.StepView(record)._repr_mimebundle_()
+    view = views.StepView(record)
+    widget = view.widget()
+    html = view._repr_html_()
+    widget.close()
+    return {"text/html": html}
 
 
 def median_ms(fn, repeats: int | None = None) -> float:
