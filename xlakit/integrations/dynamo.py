@@ -96,33 +96,32 @@ class _Replay:
         self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
         self.donating, self.donors = donating, donors or {}
 
-    def __call__(self, inputs: list):
-        arrays = [_device_array(inputs[src]) if isinstance(src, int) else src.array
-                  for src in self.param_sources]
-        donated = self._donated(inputs)
-        results = compiled.run(current(), self.donating if donated else self.entry, arrays, donated)
+    def __call__(self, inputs: list, values: list):
+        """`values`: per input, the LiveValue behind it where it is on the device (else None)."""
+        engine = current()
+        arrays = [(engine.read(values[src]).array if values[src] is not None else transfer.to_device(inputs[src]))
+                  if isinstance(src, int) else src.array for src in self.param_sources]
+        donated = self._donated(values)
+        results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
+        on_device = any(v is not None for v in values)
         return [out if out is None else inputs[out] if isinstance(out, int)
-                else _wrap_output(results[out[0]], out[1], like=inputs) for out in self.outputs]
+                else _wrap_output(results[out[0]], out[1], on_device) for out in self.outputs]
 
-    def _donated(self, inputs: list) -> dict:
+    def _donated(self, values: list) -> dict:
         """The buffers to donate at this call: all of the updated inputs', or none when
         one is still read elsewhere (another tensor, pending work, or twice in this call)."""
-        if self.donating is None or any(inputs[i].device != DEVICE for i in self.donors.values()):
+        if self.donating is None or any(values[i] is None for i in self.donors.values()):
             return {}
-        buffers = {p: unwrap(inputs[i])._state.data for p, i in self.donors.items()}
-        fed = [id(unwrap(t)._state.data) for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+        buffers = {p: values[i].data for p, i in self.donors.items()}
+        fed = [id(v.data) for v in values if v is not None]
         if any(fed.count(id(b)) != 1 for b in buffers.values()) or \
                 not compiled.unshared(current(), list(buffers.values())):
             return {}
         return buffers
 
 
-def _device_array(t: torch.Tensor):
-    return current().read(unwrap(t)._state).array if t.device == DEVICE else transfer.to_device(t)
-
-
-def _wrap_output(array, aval, like):
-    if any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in like):
+def _wrap_output(array, aval, on_device: bool):
+    if on_device:
         return wrap(new_tensor(aval, data=DeviceData(array, aval)))
     return transfer.to_host(array, aval.dtype)
 
@@ -153,11 +152,12 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
     reason = _recompile_reason()
 
     def run(*inputs):
-        _compute_pending(inputs)
+        values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
+        _compute_pending(values)
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None:
-            return replay(list(inputs))
+            return replay(list(inputs), values)
         outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
         if execution is not None and record.executables == 1 and not record.splits and not draws:
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
@@ -193,12 +193,12 @@ def _updated_inputs() -> list[int | None]:
             for i in meta.mutated_inp_runtime_indices]
 
 
-def _compute_pending(inputs) -> None:
+def _compute_pending(values) -> None:
     """The graph runs on its inputs' device buffers: lazy inputs still pending (a compiled
     forward inside a lazy step, optimizer state made at its first step) are computed
     first, in one partial sync. Traced as part of the graph instead, they were computed
-    again, from their old inputs, at every replay."""
-    pending = [unwrap(t)._state for t in inputs if isinstance(t, torch.Tensor) and t.device == DEVICE]
+    again, from their old inputs, at every replay. `values`: per input, its LiveValue or None."""
+    pending = [value for value in values if value is not None]
     for value in pending:
         value.resolve()
     pending = [value for value in pending if value.node is not None]
