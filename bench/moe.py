@@ -23,6 +23,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from real_models import torch_peer  # noqa: E402
 from timing import seconds_per_step  # noqa: E402
 
 torch.set_float32_matmul_precision("highest")
@@ -60,16 +61,7 @@ def model_peers(quick: bool):
     ids = torch.randint(0, 512 if quick else 8000, (2, 16) if quick else (4, 128))
 
     def peer(implementation, device, after_step=lambda: None):
-        model = copy.deepcopy(mixtral(quick, implementation)).to(device)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        batch = ids.to(device)
-
-        def step():
-            opt.zero_grad()
-            model(input_ids=batch, labels=batch).loss.backward()
-            opt.step()
-            after_step()
-        return step
+        return torch_peer(mixtral(quick, implementation), ids, device, after_step=after_step)  # real_models' AdamW step
 
     peers = {"eager torch (grouped_mm)": (peer("grouped_mm", "cpu"), lambda: None, lambda: 0)}
     return _lazy_peers(peers, peer)
