@@ -27,7 +27,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from real_models import llama  # noqa: E402
+from real_models import GPU_MODELS  # noqa: E402
 
 import xlakit  # noqa: E402
 
@@ -101,9 +101,9 @@ def compare_with_jax(width: int, repeats: int) -> None:
           f"{xlakit_error[:70] if xlakit_error else '(none)'} |")
 
 
-def llama_cost(quick: bool, steps: int) -> None:
+def llama_cost(name: str, quick: bool, steps: int) -> None:
     torch.manual_seed(0)
-    model, _ = llama(quick)
+    model, _ = GPU_MODELS[name](quick)
     dev = xlakit.device()
     model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -129,7 +129,7 @@ def llama_cost(quick: bool, steps: int) -> None:
             ("off, again", *run(False, False))]
     base = statistics.mean([rows[0][1], rows[-1][1]])
     nodes = rows[0][2].num_nodes
-    print(f"\n### Llama training step (bench/real_models.py{' --quick' if quick else ''}: {nodes} nodes), "
+    print(f"\n### {name} training step (bench/real_models.py{' --quick' if quick else ''}: {nodes} nodes), "
           f"executable time, median of {steps} steps")
     print("\n| numerics | execute (ms) | vs off | XLA flops | XLA bytes accessed | peak memory (MiB) "
           "| lower + compile (s) |")
@@ -143,10 +143,12 @@ def llama_cost(quick: bool, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, few repeats (a smoke test)")
+    parser.add_argument("--model", default="Llama", choices=GPU_MODELS,
+                        help="the training step whose cost is measured ('Llama 8 x 1024' on a GPU)")
     args = parser.parse_args()
-    print(f"device: {jax.devices()[0].device_kind}")
+    print(f"device: {jax.devices()[0].device_kind}; torch {torch.__version__}, jax {jax.__version__}")
     compare_with_jax(width=64 if args.quick else 1024, repeats=2 if args.quick else 10)
-    llama_cost(args.quick, steps=10 if args.quick else 20)
+    llama_cost(args.model, args.quick, steps=10 if args.quick else 20)
 
 
 if __name__ == "__main__":

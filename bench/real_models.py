@@ -231,6 +231,7 @@ def main():
     parser.add_argument("--quick", action="store_true", help="tiny models, few steps (a smoke run)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the torch peers run (JAX's peers and xlakit use JAX's default device)")
+    parser.add_argument("--model", choices=GPU_MODELS, help="this model only (default: every model of the device)")
     parser.add_argument("--cold-start-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_start_child:
@@ -238,9 +239,10 @@ def main():
     import platform
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}, "
           f"transformers {transformers.__version__}; float32 matmul precision: highest")
-    for name in GPU_MODELS if args.device == "cuda" and not args.quick else MODELS:
+    for name in [args.model] if args.model else GPU_MODELS if args.device == "cuda" and not args.quick else MODELS:
         measure(name, args.quick, args.device)
-    cold_start(args.quick)
+    if not args.model:
+        cold_start(args.quick)
 
 
 if __name__ == "__main__":

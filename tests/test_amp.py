@@ -184,3 +184,35 @@ def test_autocast_for_another_device_type_warns(dev, monkeypatch, device_type):
         with pytest.warns(UserWarning, match=r'only as torch.autocast\("cpu", dtype=torch.bfloat16\)'):
             out = lazy(torch.randn(2, 8).to(dev))
     assert out.dtype == torch.float32
+
+
+class RotaryLikeTransformers(nn.Module):
+    """The pattern of transformers' rotary embeddings (4.x to 5.17): autocast turned off for the
+    tensors' own device type, asked of torch by that type's name."""
+
+    def forward(self, x):
+        device_type = x.device.type
+        enabled_before = torch.is_autocast_enabled(device_type)
+        with torch.autocast(device_type=device_type, enabled=False):
+            freqs = x.float() @ x.float().T
+        return freqs.cos(), enabled_before, torch.get_autocast_dtype(device_type)
+
+
+@pytest.mark.parametrize("region", [False, True])
+def test_autocast_asked_by_the_lazy_device_type_answers_as_cpu(dev, region):
+    x = torch.randn(4, 8)
+    with autocast(enabled=region):
+        want, want_enabled, want_dtype = RotaryLikeTransformers()(x)
+        got, got_enabled, got_dtype = RotaryLikeTransformers()(x.to(dev))
+    assert (got_enabled, got_dtype) == (want_enabled, want_dtype) == (region, torch.bfloat16)
+    assert_same(got, want, rtol=2e-4, atol=2e-5)
+
+
+def test_autocast_of_the_lazy_device_type_casts_as_cpu_autocast(dev):
+    a, b = torch.randn(4, 8), torch.randn(8, 3)
+    lazy_a, lazy_b = a.to(dev), b.to(dev)
+    with torch.autocast(dev.type, dtype=torch.bfloat16):
+        got = lazy_a @ lazy_b
+    with autocast():
+        want = a @ b
+    assert_same(got, want, **BF16)

@@ -18,6 +18,7 @@ where their casts follow from the arguments, and warn where they do not.
 """
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -185,6 +186,30 @@ def warn_other_device_type(module: torch.nn.Module, args) -> None:
                  "dtypes.", sources.capture())
 
 
+_init, _is_enabled, _get_dtype = autocast.__init__, torch.is_autocast_enabled, torch.get_autocast_dtype
+
+
+def _as_cpu(device_type):
+    # Library code asks autocast about its own tensors' device type (transformers' rotary
+    # embeddings enter torch.autocast(x.device.type, enabled=False)); torch has no autocast
+    # for "lazy" and raises, and lazy tensors follow CPU autocast: "lazy" is read as "cpu".
+    return "cpu" if device_type == DEVICE.type else device_type
+
+
+@functools.wraps(_init)  # Dynamo binds torch.autocast's arguments by its signature
+def _autocast_init(self, device_type, *args, **kwargs):
+    _init(self, _as_cpu(device_type), *args, **kwargs)
+
+
+def _is_autocast_enabled(*device_type):
+    return _is_enabled(*map(_as_cpu, device_type))
+
+
+def _get_autocast_dtype(device_type):
+    return _get_dtype(_as_cpu(device_type))
+
+
 def install() -> None:
-    """Autocast regions of device type "cpu" cast lazy tensors; other device types warn."""
-    autocast.__enter__, autocast.__exit__ = _autocast_enter, _autocast_exit
+    """Autocast regions of device type "cpu" (or "lazy", the same) cast lazy tensors; other device types warn."""
+    autocast.__init__, autocast.__enter__, autocast.__exit__ = _autocast_init, _autocast_enter, _autocast_exit
+    torch.is_autocast_enabled, torch.get_autocast_dtype = _is_autocast_enabled, _get_autocast_dtype
