@@ -76,20 +76,25 @@ def _floating(aval) -> bool:
     return aval is not None and aval.dtype.is_floating_point
 
 
-def _stats(x, nans: bool):
-    """(code, min, max) of one array, as float32: code 2 where it holds a NaN, else
-    1 where it holds an infinity, else 0 (XLA's min and max on CPU skip a NaN that
-    comes first, so they cannot say; 0 unless `nans`). A NaN hides an infinity
-    beside it, which an origin never needs: a NaN-free array is one whose
-    infinities are known. One variadic reduction, one pass over the array
-    (three separate ones doubled the bytes XLA's cost analysis counts on the
-    quick Llama step of bench/numerics.py: 4.1e8 against 1.9e8)."""
+def _stats(x):
+    """(code, min, max) of one array, as float32. Code 2 where it holds a NaN, else
+    1 where it holds an infinity, else 0.5 where it holds the dtype's largest
+    magnitude, else 0 (XLA's min and max on CPU skip a NaN that comes first, so
+    they cannot say). A NaN hides an infinity beside it, which an origin never
+    needs: a NaN-free array is one whose infinities are known. The largest
+    magnitude and the infinities are the fill values of masks (transformers fills
+    a causal mask with finfo.min), which say nothing of how close computed values
+    came to overflowing: the min and max leave them out. One variadic reduction,
+    one pass over the array (three separate ones doubled the bytes XLA's cost
+    analysis counts on the quick Llama step of bench/numerics.py: 4.1e8 against 1.9e8)."""
     if x.size == 0:
         return jnp.float32(0), jnp.float32(0), jnp.float32(0)
-    code = jnp.where(jnp.isfinite(x), 0, jnp.where(jnp.isnan(x), 2, 1)).astype(x.dtype) if nans else \
-        jnp.zeros_like(x)
+    largest = np.array(jnp.finfo(x.dtype).max, x.dtype)
+    computed = jnp.abs(x) < largest   # False for NaN and infinities too
+    code = jnp.where(computed, 0, jnp.where(jnp.isnan(x), 2, jnp.where(jnp.isinf(x), 1, 0.5))).astype(x.dtype)
     inf = np.array(np.inf, x.dtype)
-    code, low, high = jax.lax.reduce((code, x, x), (np.array(0, x.dtype), inf, -inf),
+    code, low, high = jax.lax.reduce((code, jnp.where(computed, x, inf), jnp.where(computed, x, -inf)),
+                                     (np.array(0, x.dtype), inf, -inf),
                                      lambda a, b: (jnp.maximum(a[0], b[0]), jnp.minimum(a[1], b[1]),
                                                    jnp.maximum(a[2], b[2])), tuple(range(x.ndim)))
     return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
@@ -113,6 +118,7 @@ class Watch:
         self._index: dict = {}        # value (param index or (node, output)) -> the indices of its stats
         self._constant: list[bool] = []   # per node: whether its values follow from constants alone
         self._makes: list = []        # per node: the stats indices of its floating outputs (() for a move)
+        self._reads: list = []        # per node: the stats indices of its floating operands (() for a move)
         # per candidate origin: (node position, stats indices of all its floating inputs, of each of its first
         # INPUTS operands)
         self._candidates: list = []
@@ -127,7 +133,7 @@ class Watch:
                 # (measured: 10 s for one Llama zeros_like); computed when the step runs instead
                 array = jax.lax.optimization_barrier(array)
             self._index[where] = (len(self._stats),)
-            self._stats.append(_stats(array, self.ranks is not None))
+            self._stats.append(_stats(array))
         return self._index[where]
 
     def _read(self, wires, operands) -> list[tuple[int, ...]]:
@@ -146,14 +152,16 @@ class Watch:
                     if _floating(aval):
                         self._index[(position, i)] = sources
                 self._makes.append(())   # counted where the values were made
+                self._reads.append(())
                 return
         makes = tuple(i for k, (r, aval) in enumerate(zip(results, node.avals))
                       if r is not None and _floating(aval) for i in self._of((position, k), r))
         self._makes.append(makes)
+        reads = self._read(wires, operands)
+        self._reads.append(tuple(i for ids in reads for i in ids))
         if self.ranks is None or not makes or not wires or _asks_for_nonfinite(node):
             return   # a factory's values are constants
-        reads = self._read(wires, operands)
-        self._candidates.append((position, tuple(i for ids in reads for i in ids), reads[:INPUTS]))
+        self._candidates.append((position, self._reads[-1], reads[:INPUTS]))
 
     def output(self):
         """The step's numerics vector (module docstring)."""
@@ -166,9 +174,11 @@ class Watch:
         if self.ranks is not None:
             parts.append(self._first_origin(codes, lows, highs, pad))
         if self.ranges:
-            made = _padded(self._makes, pad)
+            made, read = _padded(self._makes, pad), _padded(self._reads, pad)
             absmax = jnp.max(jnp.maximum(-lows[made], highs[made]), axis=1)
-            parts.append(jnp.where(absmax < 0, jnp.nan, absmax))   # a node that made no floating value
+            # NaN for a node that made no floating value, or read a mask's fill (scores + mask: its
+            # values are the mask's, a hair inside the dtype's largest)
+            parts.append(jnp.where((absmax < 0) | jnp.any(codes[read] > 0, axis=1), jnp.nan, absmax))
         return jnp.concatenate(parts)
 
     def _first_origin(self, codes, lows, highs, pad):
