@@ -35,6 +35,18 @@ def tools_pin(name: str) -> str:
     return re.search(rf"^{name}==\S+", (ROOT / "requirements-tools.txt").read_text(), re.M).group(0)
 
 
+def copy_source_tree(dest: Path) -> None:
+    """The checkout as a clean clone has it: git's files, committed or not, ignored ones left out.
+    No build leftovers: setuptools reads an old xlakit.egg-info's file list into a new sdist, which
+    kept a file in the wheel that pyproject.toml no longer ships."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():   # a tracked file deleted in the work tree is gone
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+
+
 def run(argv: list, cwd: Path, env: dict, timeout: int) -> str:
     result = subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{' '.join(map(str, argv))[:300]}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
@@ -74,7 +86,8 @@ EXECUTE = textwrap.dedent("""
 def test_the_wheel_alone_imports_reports_and_runs_the_quickstart():
     with tempfile.TemporaryDirectory(prefix="xlakit-wheel-") as tmp:   # a venv is ~1 GB: gone after
         tmp = Path(tmp)
-        run([sys.executable, "-m", "build", "--outdir", tmp / "dist", ROOT], tmp, dict(os.environ), 600)
+        copy_source_tree(tmp / "source")
+        run([sys.executable, "-m", "build", "--outdir", tmp / "dist", tmp / "source"], tmp, dict(os.environ), 600)
         (wheel,) = (tmp / "dist").glob("xlakit-*.whl")
 
         # no checkout on sys.path, no venv of the tests' (pip's cache stays: it is the caller's)

@@ -34,8 +34,8 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 def tested_ranges() -> tuple[dict[str, SpecifierSet], SpecifierSet]:
     """The range xlakit is tested with for each package it names (its dependencies, then its
     extras: torch_xla's pin comes from the torch_xla extra), and for Python."""
-    if PYPROJECT.is_file():
-        project = tomllib.loads(PYPROJECT.read_text())["project"]
+    project = tomllib.loads(PYPROJECT.read_text()).get("project", {}) if PYPROJECT.is_file() else {}
+    if project.get("name") == "xlakit":
         requirements = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
         python = project["requires-python"]
     else:
@@ -108,8 +108,8 @@ def tools() -> list[str]:
         lines = ["  graphviz dot: not found (the static graph uses xlakit's own layout; apt install graphviz)"]
     try:
         from .notebook.graph_widget import BUNDLE
-    except ImportError as e:
-        return lines + [f"  graph widget: does not import ({e})"]
+    except Exception as e:  # noqa: BLE001 - anywidget missing, or it refused a missing bundle: report either
+        return lines + [f"  graph widget: does not import ({type(e).__name__}: {e})"]
     state = f"{_size(BUNDLE.stat().st_size)}" if BUNDLE.is_file() else "MISSING: the package is incomplete, reinstall it"
     return lines + [f"  graph widget bundle: {BUNDLE} ({state})"]
 
