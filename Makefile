@@ -42,9 +42,10 @@ test-colab: .venv-colab/.installed graphviz
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs
-# this wheel in a fresh venv and runs the quickstart there).
+# this wheel in a fresh venv and runs the quickstart there). An old xlakit.egg-info goes first:
+# setuptools would read its file list into the sdist.
 dist: venv
-	rm -rf dist
+	rm -rf dist xlakit.egg-info
 	.venv/bin/python -m build --outdir dist .
 
 # Builds the wheel as `make dist` does, installs it in a fresh venv with requirements-latest.txt's
