@@ -4,7 +4,7 @@
 PY ?= python3
 TESTS := pytest -q tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
 
-.PHONY: venv test test-latest test-colab browser graphviz screenshots js lab bench fuzz clean
+.PHONY: venv test test-latest test-colab dist test-wheel browser graphviz screenshots js lab bench fuzz clean
 
 venv: .venv/.installed
 
@@ -39,6 +39,19 @@ test-latest: .venv-latest/.installed browser graphviz
 # browser test needs ipywidgets 8, so it is not this column's (Colab's frontend is not JupyterLab).
 test-colab: .venv-colab/.installed graphviz
 	.venv-colab/bin/python -m $(TESTS) --ignore tests/test_browser.py
+
+# The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
+# from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs
+# this wheel in a fresh venv and runs the quickstart there). An old xlakit.egg-info goes first:
+# setuptools would read its file list into the sdist.
+dist: venv
+	rm -rf dist xlakit.egg-info
+	.venv/bin/python -m build --outdir dist .
+
+# Builds the wheel as `make dist` does, installs it in a fresh venv with requirements-latest.txt's
+# runtime pins and runs notebooks/01_quickstart.ipynb there (minutes: CI runs it once, not per column).
+test-wheel: venv
+	XLAKIT_TEST_WHEEL=1 .venv/bin/python -m pytest -q tests/test_wheel.py
 
 # Chromium for the widget test in a real browser (Debian package; Playwright
 # cannot download its own browsers here). Without root or apt the test skips.
@@ -80,4 +93,4 @@ fuzz: venv
 	XLAKIT_FUZZ_EXAMPLES=$${XLAKIT_FUZZ_EXAMPLES:-2000} XLAKIT_FUZZ_RANDOM=1 .venv/bin/python -m pytest -q tests/test_fuzz.py
 
 clean:
-	rm -rf .venv .venv-latest .venv-colab
+	rm -rf .venv .venv-latest .venv-colab dist

@@ -22,7 +22,8 @@ LAYERS = [
     {"session"},
     {"integrations"},
     {"notebook"},
-    {"__init__"},
+    {"environment"},
+    {"__init__", "__main__"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 FOLDERS = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists())

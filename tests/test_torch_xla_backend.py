@@ -56,7 +56,7 @@ def test_without_torch_xla_the_error_says_how_to_install(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch_xla)
-    with pytest.raises(ImportError, match=r"pip install 'xlakit\[torch-xla\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'xlakit\[torch_xla\]'"):
         adapter.step()
 
 

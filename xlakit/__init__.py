@@ -30,6 +30,7 @@ _ON_FIRST_USE = {
     "history": "xlakit.notebook.history_plot",
     "sharding_view": "xlakit.notebook.sharding_view",
     "load_ipython_extension": "xlakit.notebook",  # `%load_ext xlakit`
+    "info": "xlakit.environment",  # what a bug report needs (`python -m xlakit info`)
 }
 # modules read as attributes: xlakit.torch_xla.step() is torch_xla's step marker, with xlakit's views
 _MODULES = {"torch_xla": "xlakit.integrations.torch_xla"}
@@ -45,4 +46,4 @@ def __getattr__(name: str):
 
 __all__ = ["device", "mark_step", "sync", "wait", "save", "steps", "last_step", "capture", "profile", "history", "metrics",
            "reset_metrics", "clear_cache", "reset", "config", "label", "explain", "StepRecord", "Mesh", "mark_sharding",
-           "shard_module", "sharding_view", "record", "__version__"]
+           "shard_module", "sharding_view", "record", "info", "__version__"]

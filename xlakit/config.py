@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 
 @dataclasses.dataclass
@@ -38,3 +39,17 @@ class Config:
 
 
 config = Config()
+
+
+def default_cache_dir() -> str | None:
+    """XLAKIT_CACHE_DIR wins (empty turns the disk cache off); else a per-user dir."""
+    configured = os.environ.get("XLAKIT_CACHE_DIR")
+    if configured is not None:
+        return configured or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xlakit")
+
+
+def private_dir(path: str) -> Path:
+    """xlakit's own directory in the cache dir `path`, one per user."""
+    return Path(path) / f"xlakit-{os.getuid()}"

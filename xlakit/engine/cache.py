@@ -21,6 +21,7 @@ from pathlib import Path
 import jax
 import jax.monitoring
 
+from ..config import private_dir
 from ..core.checks import StepChecks
 from ..lowerings.numerics import Layout
 from ..core.record import Collective, CostInfo, MemoryInfo, ShardingInfo
@@ -67,15 +68,6 @@ class ExecutableCache:
 
     def clear(self) -> None:
         self._entries.clear()
-
-
-def default_cache_dir() -> str | None:
-    """XLAKIT_CACHE_DIR wins (empty turns the disk cache off); else a per-user dir."""
-    configured = os.environ.get("XLAKIT_CACHE_DIR")
-    if configured is not None:
-        return configured or None
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "xlakit")
 
 
 _EXECUTABLES: Path | None = None   # where xlakit's executables are kept; None: not on disk
@@ -128,11 +120,6 @@ def store(entry: Entry) -> None:
             part.unlink(missing_ok=True)
         warnings.warn(f"xlakit: could not keep an executable on disk ({type(e).__name__}: {e}); "
                       "a later process will compile it again.", stacklevel=2)
-
-
-def private_dir(path: str) -> Path:
-    """xlakit's own directory in the cache dir `path`, one per user."""
-    return Path(path) / f"xlakit-{os.getuid()}"
 
 
 def _make_private(path: str) -> Path:

@@ -10,6 +10,7 @@ import warnings
 
 import jax
 
+from ..config import default_cache_dir
 from ..engine import cache
 from . import autocast, device_module, dynamo_frames, fake_tensors, functionalization, labels, modules, serialization
 
@@ -26,7 +27,7 @@ def install() -> None:
         if _INSTALLED:
             return
         jax.config.update("jax_enable_x64", True)  # torch has int64/float64; JAX defaults to 32 bits
-        cache.enable_persistent_cache(cache.default_cache_dir())
+        cache.enable_persistent_cache(default_cache_dir())
         # JAX warns when a donated buffer cannot be aliased to an output; the plan
         # only donates buffers with a same-shaped output, so the warning is noise.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")

@@ -6,7 +6,7 @@ before the sync, and the deltas of its counters and metrics after it. What
 torch_xla does not expose (input shapes of donated buffers, per-component
 digests of its key) is None (unknown), never guessed.
 
-torch_xla is optional: `pip install xlakit[torch-xla]`.
+torch_xla is optional: `pip install xlakit[torch_xla]`.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ CANNOT_PROFILE = ("xlakit.profile(): torch_xla's executor ran this step, so xlak
                   "again under JAX's profiler: its record has no .profile. torch_xla's own profiler "
                   "(torch_xla.debug.profiler) traces it, without xlakit's join to modules and lines; "
                   "the xlakit backend (the default) profiles the same code")
-INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch-xla]' "
+INSTALL_HINT = ("torch_xla is not installed: pip install 'xlakit[torch_xla]' "
                 "(torch_xla 2.9.0 needs torch==2.9.0; set PJRT_DEVICE=CPU, TPU or CUDA)")
 
 
