@@ -91,3 +91,33 @@ def test_torch_xla_steps_inside_a_profile_block_say_they_cannot_be_profiled():
             adapter.step()
     assert [r.backend for r in steps] == ["torch_xla"] and steps[0].profile is None
     assert a.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_torch_xla_steps_count_matmul_flops_as_xlakits_own_steps_do():
+    # torch_xla's IR names its matmuls "aten::mm" and orders addmm's operands (input, weight,
+    # bias): the Cost panel must count them by 2·m·n·k as for xlakit's graph of the same step
+    import xlakit
+    from xlakit.analysis import flops
+
+    tdev = torch_xla.device()  # before any backward()
+
+    def one_sgd_step(dev, sync):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 4).to(dev), torch.randn(32, 1).to(dev)
+        sync()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        return sync()
+
+    def matmuls(record):
+        return {op: (count, est) for op, count, est in flops.by_op(record.graph) if op in ("mm", "addmm")}
+
+    ours = one_sgd_step(xlakit.device(), lambda: (xlakit.mark_step(), xlakit.last_step())[1])
+    theirs = one_sgd_step(tdev, adapter.step)
+    forward = 2 * 32 * 4 * 16 + 2 * 32 * 16 * 1
+    backward = 2 * 32 * 16 * 1 + 2 * 4 * 32 * 16 + 2 * 16 * 32 * 1   # input grad of layer 2, weight grads
+    assert matmuls(theirs) == matmuls(ours) == {"addmm": (2, forward), "mm": (3, backward)}
+    assert flops.by_module(theirs.graph).flops > forward + backward   # the Cost panel's total
