@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 import programs
 import xlakit
+from xlakit.analysis import flops
 from xlakit.engine import executor
 from xlakit.front import recorder
-from xlakit.notebook import render, sharding_view
+from xlakit.notebook import panels, render, sharding_view
 
 TOL = dict(rtol=2e-4, atol=2e-5)  # tests/test_real_models.py's: sharded sums add in another order
 LR, EPS = 1e-3, 1e-6              # and its AdamW settings (why: see there)
@@ -343,6 +344,20 @@ def views() -> dict:
     assert "sharding: mesh (data=2, model=4) over 8 devices" in repr(record)
     assert out.item() == 4 * 4 * 8 * 2 + 512 * 1024 + 8
     return {"text": text}
+
+
+def sharded_cost() -> dict:
+    """A matmul split by rows over 8 devices: XLA counts one device's share, xlakit the
+    whole program; the Cost panel compares the whole with XLA's count times 8."""
+    dev = _dev()
+    mesh = xlakit.Mesh((8,), ("data",))
+    w = xlakit.mark_sharding(torch.randn(64, 64).to(dev), mesh, ("data", None))
+    out = (w @ w.T).sum()
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    estimate = flops.by_module(record.graph).flops
+    return {"estimate": estimate, "xla_per_device": record.cost.flops, "devices": record.memory.devices,
+            "html": panels.cost_html(record), "value": out.item()}
 
 
 def mlp_for_torch_xla() -> dict:

@@ -94,9 +94,16 @@ def test_each_break_carries_its_source_dynamo_explanation_and_the_graphs_on_eith
     assert printed.dynamo.code == "GB0059" and "`print`" in printed.dynamo.explanation
     assert nonzero.dynamo.title == "Dynamic shape operator" and nonzero.dynamo.context == "aten.nonzero.default"
     assert any("capture_dynamic_output_shape_ops" in h for h in nonzero.dynamo.hints)
-    assert report.path("Dynamo FX").why[0] == f"{HERE}:{LINE + 2}: Data-dependent branching (GB0170)"
-    assert f"break 1 at {HERE}:{LINE + 2} (after FX graph 0, before FX graph 1): Data-dependent branching (GB0170)" \
-        in repr(report)
+    # and plain words for what the code did, Dynamo's name beside them
+    branching = ("an `if` (or `while`) on a tensor's value: Python needs the value, so the graph ends to compute it "
+                 "(Dynamo: Data-dependent branching (GB0170))")
+    assert report.path("Dynamo FX").why[0] == f"{HERE}:{LINE + 2}: {branching}"
+    assert f"break 1 at {HERE}:{LINE + 2} (after FX graph 0, before FX graph 1): {branching}" in repr(report)
+    assert printed.dynamo.plain.startswith("a call of Python's `print`, which Dynamo cannot put in a graph")
+    assert nonzero.dynamo.plain == "`aten.nonzero.default`'s output shape depends on the tensor's values, unknown until it runs"
+    # the raw reason stays in the view, after the plain words
+    html = breaks_view.reason_html(branch)
+    assert html.index("an `if` (or `while`)") < html.index("Data-dependent branching") < html.index("generic_jump")
     # the graphs on either side of the nonzero break: [gt] before it, the split graph after it
     assert report.fx_graphs[nonzero.before].ops == ["gt"] and report.fx_graphs[nonzero.after].compiled.splits
 

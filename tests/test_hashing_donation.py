@@ -60,6 +60,32 @@ def test_partial_sync_never_donates(dev):
     assert t2.cpu().tolist() == [3] and t1.cpu().tolist() == [3]
 
 
+def test_the_donation_note_says_what_kept_each_buffer(dev):
+    def fresh():
+        w = torch.ones(4, 4).to(dev)
+        xlakit.mark_step()
+        return w
+
+    w = fresh()
+    old = w
+    w = w * 2                 # the old value is still referenced: its buffer stays
+    xlakit.mark_step()
+    kept = xlakit.last_step()
+    assert kept.donated == () and kept.donation_note == "1 input(s) still referenced by live tensors"
+    del old
+    w = fresh()
+    w = w.sum(0)              # no output of its shape and dtype takes its buffer
+    xlakit.mark_step()
+    reshaped = xlakit.last_step()
+    assert reshaped.donated == ()
+    assert reshaped.donation_note == "1 input(s) with no output of the same shape and dtype to reuse the buffer"
+    w = fresh()
+    row = w[0]                # a view follows its base: it does not keep the old buffer
+    w.mul_(2)
+    xlakit.mark_step()
+    assert len(xlakit.last_step().donated) == 1 and row.cpu().tolist() == [2.0] * 4
+
+
 def _decode_like_loop(x, read):
     """Each iteration reads one flag computed from a value that the next
     iteration's pending work also needs (generate()'s stop check)."""

@@ -76,6 +76,16 @@ def test_a_sharding_only_change_is_a_miss_that_says_what_changed(case):
     assert why[0] == "input 0 (w) sharding now ('data', None), was one device"
 
 
+def test_the_sharded_cost_line_compares_the_whole_program_with_xlas_count_times_the_devices(case):
+    cost = case("sharded_cost")
+    assert cost["devices"] == 8 and cost["estimate"] > 2 * 64 * 64 * 64   # the whole matmul, counted once
+    whole = cost["xla_per_device"] * 8
+    ratio = cost["estimate"] / whole
+    assert 0.9 < ratio < 1.1, (cost["estimate"], cost["xla_per_device"])  # a split matmul: like with like
+    assert f"{ratio:.0%} of XLA's count for the whole program: " in cost["html"], cost["html"]
+    assert " per device x 8 devices = " in cost["html"], cost["html"]
+
+
 def test_sharded_buffers_are_donated_at_step_markers_only(case, tmp_path):
     case("donation_at_step_markers_only", str(tmp_path / "t1.pt"))
 

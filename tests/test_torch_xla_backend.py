@@ -91,3 +91,51 @@ def test_torch_xla_steps_inside_a_profile_block_say_they_cannot_be_profiled():
             adapter.step()
     assert [r.backend for r in steps] == ["torch_xla"] and steps[0].profile is None
     assert a.cpu().tolist() == [0.0, 3.0, 6.0, 9.0]
+
+
+def test_torch_xla_steps_count_matmul_flops_as_xlakits_own_steps_do():
+    # torch_xla's IR names its matmuls "aten::mm" and orders addmm's operands (input, weight,
+    # bias): the Cost panel must count them by 2·m·n·k as for xlakit's graph of the same step
+    import xlakit
+    from xlakit.analysis import flops
+
+    tdev = torch_xla.device()  # before any backward()
+
+    def one_sgd_step(dev, sync):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dev)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(32, 4).to(dev), torch.randn(32, 1).to(dev)
+        sync()
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        return sync()
+
+    def matmuls(record):
+        return {op: (count, est) for op, count, est in flops.by_op(record.graph) if op in ("mm", "addmm")}
+
+    ours = one_sgd_step(xlakit.device(), lambda: (xlakit.mark_step(), xlakit.last_step())[1])
+    theirs = one_sgd_step(tdev, adapter.step)
+    forward = 2 * 32 * 4 * 16 + 2 * 32 * 16 * 1
+    backward = 2 * 32 * 16 * 1 + 2 * 4 * 32 * 16 + 2 * 16 * 32 * 1   # input grad of layer 2, weight grads
+    assert matmuls(theirs) == matmuls(ours) == {"addmm": (2, forward), "mm": (3, backward)}
+    assert flops.by_module(theirs.graph).flops > forward + backward   # the Cost panel's total
+
+
+def test_the_same_training_step_has_the_same_graph_hash_at_every_step():
+    # the hash depends on the order of the tensors: the view takes them in torch_xla's
+    # order (by tensor id), not in the garbage collector's, which changes between steps
+    tdev = torch_xla.device()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(tdev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(32, 4).to(tdev), torch.randn(32, 1).to(tdev)
+    records = []
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        records.append(adapter.step())
+    assert [r.cache for r in records[1:]] == ["hit", "hit"]
+    assert records[0].key == records[1].key == records[2].key

@@ -8,6 +8,8 @@ and attention by torch's own formulas (torch.utils.flop_counter: 2·m·n·k),
 same for any group sizes, where XLA's CPU count of a ragged dot is the dense
 product per group), reductions one per input element, data movement (views,
 copies, gathers, factories) none, every other op one per output element.
+torch_xla's IR names its ops "aten::mm" and orders some operands its own way
+(its addmm is input, weight, bias): its matmuls count by the same 2·m·n·k.
 Estimates, shown beside XLA's total.
 """
 from __future__ import annotations
@@ -34,7 +36,8 @@ _DATA_MOVEMENT = frozenset("""
     zeros_like ones_like full_like empty_like new_zeros new_ones new_full new_empty empty_strided fill
     constant_pad_nd pad repeat roll flip diagonal as_strided unfold tril triu rand randn randint rand_like
     randn_like bernoulli uniform normal native_dropout _to_copy to _assert_async sym_size
-""".split())
+    Constant
+""".split())  # Constant: torch_xla's prim::Constant
 _REDUCTIONS = frozenset("""
     sum mean amax amin max min prod var std var_mean std_mean norm linalg_vector_norm logsumexp argmax
     argmin all any cumsum cumprod count_nonzero mse_loss l1_loss smooth_l1_loss huber_loss nll_loss
@@ -43,6 +46,8 @@ _REDUCTIONS = frozenset("""
 _OPERAND = re.compile(r"\$(\d+)")  # how NodeInfo.args writes operand i
 # matmuls torch has no FLOP formula for: the operand that holds k (after a bias, 1)
 _OTHER_MATMULS = {"matmul": 0, "mv": 0, "dot": 0, "linear": 0, "addmv": 1, "addbmm": 1}
+# torch_xla IR's matmuls ("aten::addmm(input, weight, bias)"): the operand whose last dim is k
+_TORCH_XLA_MATMULS = {"mm": 0, "matmul": 0, "bmm": 0, "addmm": 0, "baddbmm": 1}
 
 
 def node_flops(graph: GraphInfo, node: NodeInfo) -> float:
@@ -68,8 +73,9 @@ def _estimate(op: str, avals: tuple[str, ...], operand_avals: tuple[str | None, 
         # sizes; 2-D x 2-D's output holds a product per group over its share of the contraction
         groups = out[0] if len(ins[0]) == len(ins[1]) == 2 else 1
         return 2.0 * math.prod(out) * ins[0][-1] / groups
-    if name in _OTHER_MATMULS and out is not None:
-        k_from = ins[_OTHER_MATMULS[name]] if len(ins) > _OTHER_MATMULS[name] else None
+    matmuls = _TORCH_XLA_MATMULS if "::" in op else _OTHER_MATMULS
+    if name in matmuls and out is not None:
+        k_from = ins[matmuls[name]] if len(ins) > matmuls[name] else None
         return 2.0 * math.prod(out) * (k_from[-1] if k_from else 1)
     if name in _DATA_MOVEMENT or name.endswith("_copy") or out is None:
         return 0.0

@@ -125,10 +125,13 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     for k in range(len(graph.roots)):
         if k not in taken:
             free[root_avals[k]].append(k)
+    unpaired = 0
     for i in candidates:  # the rest go to any free output of their shape
         outputs = free[graph.params[i].aval]
         if outputs:
             taken[outputs.pop(0)] = i
+        else:
+            unpaired += 1
     paired = sorted(taken, key=taken.get)
     order = paired + [k for k in range(len(graph.roots)) if k not in taken]
     reasons = []
@@ -136,5 +139,7 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
         reasons.append(f"{still_read} input(s) still referenced by live tensors")
     if read_only:
         reasons.append(f"{read_only} read-only input(s) (constants, scalars)")
+    if unpaired:
+        reasons.append(f"{unpaired} input(s) with no output of the same shape and dtype to reuse the buffer")
     planned = dataclasses.replace(graph, roots=[graph.roots[k] for k in order])
     return Plan(planned, [cut.roots[k] for k in order], tuple(sorted(taken.values())), "; ".join(reasons))

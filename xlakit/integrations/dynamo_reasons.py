@@ -7,6 +7,10 @@ Explanation: ...\\n  Hint: ..."), read here. A few are bare
 ("generic_jump TensorVariable()", torch 2.9 and 2.13): those take the type
 Dynamo logs for them, and the explanation and hints its registry keeps for
 that type. Where the installed torch has no registry, a reason keeps its own words.
+
+The everyday breaks also get plain words (`plain`), what the user's code did in
+terms they wrote it in ("an `if` on a tensor's value"); Dynamo's type, code,
+explanation and what it saw stay beside them.
 """
 from __future__ import annotations
 
@@ -22,6 +26,18 @@ import torch
 _BARE = {"generic_jump": "Data-dependent branching"}
 _SECTIONS = {"Explanation:": "explanation", "Hint:": "hint", "Developer debug context:": "context"}
 _MORE = "For more details about this graph break"
+_QUOTED = re.compile(r"`([^`]+)`")
+# graph-break type -> plain words; {name}: the first `quoted` name in Dynamo's explanation
+_PLAIN = {
+    "Data-dependent branching": "an `if` (or `while`) on a tensor's value: Python needs the value, so the graph "
+                                "ends to compute it",
+    "Failed to trace builtin operator": "a call of Python's `{name}`, which Dynamo cannot put in a graph: it runs "
+                                        "in Python between two graphs",
+    "Dynamic shape operator": "`{name}`'s output shape depends on the tensor's values, unknown until it runs",
+    "Data dependent operator": "`{name}` returns a Python value computed from a tensor's values",
+    "Unsupported Tensor.item() call with capture_scalar_outputs=False": "`.item()` reads a tensor's value into "
+                                                                        "Python, so the graph ends to compute it",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +48,22 @@ class DynamoReason:
     hints: tuple[str, ...]
     context: str              # what Dynamo saw ("attempted to jump with TensorVariable()", "aten.nonzero.default")
 
-    def __str__(self) -> str:
+    @property
+    def dynamo_words(self) -> str:
+        """Dynamo's name for it: 'Data-dependent branching (GB0170)'."""
         return f"{self.title} ({self.code})" if self.code else self.title
+
+    @property
+    def plain(self) -> str:
+        """What the code did, in plain words; "" for a type without them."""
+        template = _PLAIN.get(self.title, "")
+        quoted = _QUOTED.search(self.explanation)
+        if "{name}" in template and quoted is None:
+            return ""
+        return template.format(name=quoted.group(1) if quoted else "")
+
+    def __str__(self) -> str:
+        return f"{self.plain} (Dynamo: {self.dynamo_words})" if self.plain else self.dynamo_words
 
 
 def explain(reason: str) -> DynamoReason:

@@ -53,11 +53,16 @@ def _torch_xla():
 
 
 def live_tensors() -> list[torch.Tensor]:
-    """Every live tensor on an XLA device. torch_xla has no API for this, so
-    it walks the garbage collector's objects: fine for a notebook view."""
+    """Every live tensor on an XLA device, once each, in the order torch_xla's
+    step marker takes them (by its tensor id): its graph hash depends on the
+    order, and the garbage collector's changes from step to step. torch_xla has
+    no API for this, so it walks the garbage collector's objects: fine for a
+    notebook view."""
+    tensor_id = _torch_xla()._XLAC._xla_get_tensor_id
     # plain tensors only: Dynamo's fake tensors also say they are on "xla"
-    return [o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter)
-            and o.device.type == "xla" and not is_fake(o)]
+    live = {tensor_id(o): o for o in gc.get_objects() if type(o) in (torch.Tensor, torch.nn.Parameter)
+            and o.device.type == "xla" and not is_fake(o)}
+    return [live[i] for i in sorted(live)]
 
 
 def key_inputs(donor_count: int | str) -> dict[str, str]:

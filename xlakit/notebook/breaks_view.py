@@ -116,7 +116,8 @@ def by_executable(g: FxGraph) -> GraphInfo:
 def reason_html(b: GraphBreak) -> str:
     d = b.dynamo
     hints = "".join(f"<li>{html.escape(h)}</li>" for h in d.hints)
-    return (f"<div class='xlakit-dynamo'><b>{html.escape(str(d))}</b>"
+    plain = f"<b>{html.escape(d.plain)}</b><br>Dynamo's reason: " if d.plain else ""
+    return (f"<div class='xlakit-dynamo'>{plain}<b>{html.escape(d.dynamo_words)}</b>"
             + (f": {html.escape(d.explanation)}" if d.explanation else "")
             + (f"<br>Dynamo saw: <code>{html.escape(d.context)}</code>" if d.context else "")
             + (f"<ul>{hints}</ul>" if hints else "") + "</div>")

@@ -138,7 +138,7 @@ def cost_html(record: StepRecord) -> str:
                  + "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows) + "</table>"]
     tree = flops.by_module(record.graph)
     parts.append(f"<div>xlakit's own estimate from each op and its shapes ({html.escape(_RULES)}): "
-                 f"{human_flops(tree.flops)}{_versus(tree.flops, c)}.</div>")
+                 f"{human_flops(tree.flops)}{_versus(tree.flops, record)}.</div>")
     if tree.children:
         parts.append("<h5>By module (estimates; backward ops count toward the module they differentiate)</h5>"
                      f'<div class="xlakit-cost-tree">{_tree_html(tree, tree.flops, 0)}</div>')
@@ -152,11 +152,20 @@ _RULES = ("matmuls, convolutions and attention by torch.utils.flop_counter's for
           "reductions 1 per input element, data movement 0, other ops 1 per output element")
 
 
-def _versus(estimate: float, cost) -> str:
+def _versus(estimate: float, record: StepRecord) -> str:
+    """The estimate (the whole program's ops, once) against XLA's count of the same scope:
+    XLA counts what one device runs, so on N devices its count times N."""
+    cost = record.cost
     if cost is None or not cost.flops:
         return ""
-    return (f", {estimate / cost.flops:.0%} of XLA's count (XLA counts the fused, simplified program, and "
-            "some ops its own way)")
+    why = "XLA counts the fused, simplified program, and some ops its own way"
+    devices = record.memory.devices if record.memory else 1
+    if devices == 1:
+        return f", {estimate / cost.flops:.0%} of XLA's count ({why})"
+    whole = cost.flops * devices
+    return (f", {estimate / whole:.0%} of XLA's count for the whole program: {human_flops(cost.flops)} per "
+            f"device x {devices} devices = {human_flops(whole)} ({why}; work replicated on several devices "
+            "counts once per device there, once here)")
 
 
 def _tree_html(cost: ModuleCost, total: float, depth: int) -> str:
