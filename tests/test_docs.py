@@ -69,6 +69,12 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def _notebook_anchors(path: pathlib.Path) -> set[str]:
+    """Jupyter's anchor for each heading of a notebook: its text, spaces as dashes."""
+    return {heading.strip().replace(" ", "-") for cell in json.loads(path.read_text())["cells"]
+            if cell["cell_type"] == "markdown" for heading in re.findall(r"^#+ (.*)$", "".join(cell["source"]), re.M)}
+
+
 def _markdown() -> list[tuple[pathlib.Path, str]]:
     """(file, markdown) of every page and every notebook's markdown cells, code blocks left out."""
     found = [(page, page.read_text()) for page in PAGES]
@@ -91,6 +97,8 @@ def test_every_relative_link_points_at_a_file_that_exists():
                 headings = re.findall(r"^#+ (.*)$", target.read_text(), re.M)
                 if anchor not in map(_slug, headings):
                     broken.append(f"{path.name}: {link} (no such heading)")
+            elif anchor and target.suffix == ".ipynb" and anchor not in _notebook_anchors(target):
+                broken.append(f"{path.name}: {link} (no such heading)")
     assert broken == []
 
 
