@@ -33,7 +33,7 @@ test: venv browser graphviz
 
 # Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
 test-latest: .venv-latest/.installed browser graphviz
-	.venv-latest/bin/python -m $(TESTS) --ignore notebooks/05_torch_xla.ipynb
+	.venv-latest/bin/python -m $(TESTS) --ignore notebooks/09_torch_xla.ipynb
 
 # The Colab TPU stack: the whole suite and the notebooks top to bottom. The JupyterLab 4
 # browser test needs ipywidgets 8, so it is not this column's (Colab's frontend is not JupyterLab).

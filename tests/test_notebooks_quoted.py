@@ -47,7 +47,7 @@ def test_every_quoted_output_is_in_a_checked_output(path):
 
 def test_the_quickstart_and_the_sharp_bits_quote_their_outputs():
     # the convention is in use where the text leans on outputs most
-    for name in ("01_quickstart.ipynb", "10_sharp_bits.ipynb"):
+    for name in ("01_quickstart.ipynb", "02_sharp_bits.ipynb"):
         assert len(quotes(json.loads((ROOT / "notebooks" / name).read_text())["cells"])) >= 2, name
 
 
