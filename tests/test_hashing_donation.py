@@ -164,8 +164,9 @@ PERSISTENT_PROGRAM = textwrap.dedent("""
 """)
 
 
-def _run_program(cache_dir: str, hash_seed: str) -> list[str]:
-    env = {**os.environ, "XLAKIT_CACHE_DIR": cache_dir, "PYTHONHASHSEED": hash_seed}
+def _run_program(cache_dir: str, hash_seed: str, xla_flags: str = "") -> list[str]:
+    env = {**os.environ, "XLAKIT_CACHE_DIR": cache_dir, "PYTHONHASHSEED": hash_seed,
+           "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip()}
     done = subprocess.run([sys.executable, "-c", PERSISTENT_PROGRAM], env=env, capture_output=True,
                           text=True, check=True)
     return done.stdout.split()
@@ -178,6 +179,14 @@ def test_persistent_cache_hits_in_a_new_process(tmp_path):
     assert first[1] == second[1], "keys must be stable across processes and hash seeds"
     assert first[2] == second[2]
     assert (private_dir(str(cache_dir)).stat().st_mode & 0o777) == 0o700
+
+
+def test_a_one_device_step_loads_from_disk_in_a_process_with_several_devices(tmp_path):
+    # JAX loads a deserialized executable onto every device by default: with 8 it expected
+    # 8 shards per argument and the second process's step failed
+    runs = [_run_program(str(tmp_path), seed, "--xla_force_host_platform_device_count=8") for seed in "12"]
+    assert [r[0] for r in runs] == ["miss", "persistent_hit"]
+    assert runs[0][1:] == runs[1][1:]
 
 
 def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):

@@ -90,7 +90,12 @@ def load(key: str) -> Entry | None:
         # its first run segfaulted. jax.export binds them the same way before it runs
         # deserialized code.
         lapack._lapack.initialize()
-        compiled = deserialize_and_load(stored.pop("executable"), stored.pop("in_tree"), stored.pop("out_tree"))
+        # on the device it was compiled for: by default JAX loads it for all of the backend's
+        # devices, and with several (8 CPU host devices) it then expected 8 shards per argument
+        by_id = {d.id: d for d in jax.devices()}
+        devices = [by_id[i] for i in stored.pop("devices")]
+        compiled = deserialize_and_load(stored.pop("executable"), stored.pop("in_tree"), stored.pop("out_tree"),
+                                        execution_devices=devices)
         return Entry(compiled=compiled, **stored)
     except FileNotFoundError:
         return None
@@ -108,7 +113,8 @@ def store(entry: Entry) -> None:
     try:
         from jax.experimental.serialize_executable import serialize
         executable, in_tree, out_tree = serialize(entry.compiled)
-        stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "key": entry.key,
+        stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "devices": _devices(entry),
+                  "key": entry.key,
                   "hlo": entry.hlo, "checks": entry.checks, "numerics": entry.numerics, "memory": entry.memory, "cost": entry.cost,
                   "collectives": entry.collectives}
         with tempfile.NamedTemporaryFile(dir=_EXECUTABLES, suffix=".part", delete=False) as f:
@@ -120,6 +126,12 @@ def store(entry: Entry) -> None:
             part.unlink(missing_ok=True)
         warnings.warn(f"xlakit: could not keep an executable on disk ({type(e).__name__}: {e}); "
                       "a later process will compile it again.", stacklevel=2)
+
+
+def _devices(entry: Entry) -> list[int]:
+    """The ids of the devices a one-device executable runs on (its one device)."""
+    shardings = jax.tree.leaves((entry.compiled.input_shardings, entry.compiled.output_shardings))
+    return sorted(d.id for d in shardings[0].device_set)
 
 
 def _make_private(path: str) -> Path:
