@@ -216,8 +216,8 @@ def train_step(model, optimizer, inputs, target, loss_fn):
 @pytest.mark.parametrize("opt_name", OPTIMIZERS)
 @pytest.mark.parametrize("name", MODELS)
 def test_compiled_training_step_matches_eager(dev, name, opt_name):
-    # dropout in the MLP; none in the CNN, whose forward graph then replays and donates BatchNorm's
-    # statistics (a graph that draws dropout masks is traced at every call, on the lazy path)
+    # dropout in the MLP, its masks drawn again by torch's CPU generator at each replay; none in
+    # the CNN, whose forward graph replays and donates BatchNorm's statistics
     dropout = 0.1 if name == "mlp" else 0.0
     torch.manual_seed(0)
     eager, inputs, target, loss_fn = MODELS[name](dropout)
@@ -240,6 +240,7 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     assert log.xlakit_frames() == {}
     assert frames[1] == frames[-1], frames  # no recompile after the first step
     assert len(graphs) >= 3, graphs  # forward, backward, optimizer step
+    assert all(g.replays for g in graphs), graphs  # each runs its executable, not traced again
     # the last step: each graph one executable; what it updates in place is donated: parameters,
     # momentum or both moments (AdamW's step counts live on the host), BatchNorm's statistics
     assert {r.trigger for r in records} <= {"compiled", "dynamo"} and all(r.cache == "hit" for r in records)
@@ -303,3 +304,37 @@ def test_static_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
     # caches of both layers in their donated buffers
     decodes = [r for r in steps if r.trigger == "compiled"]
     assert len(decodes) >= 3 and all(len(r.donated) >= 4 for r in decodes), decodes
+
+
+def _draws_and_more(x):
+    noise = torch.rand_like(x)   # drawn again at each replay, as dropout's mask
+    return x * noise + torch.nn.functional.dropout(x, 0.5, training=True) * torch.randn_like(x)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_replayed_draws_are_eagers_and_leave_the_generator_where_eager_does(dev, layout):
+    compiled = torch.compile(_draws_and_more, backend="xlakit")
+    x = torch.randn(6, 4) if layout == "contiguous" else torch.randn(4, 6).t()
+    xd = x.to(dev) if layout == "contiguous" else x.t().to(dev).t()   # transposed on the device too
+    with xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        for seed in range(4):
+            torch.manual_seed(seed)
+            got, after_got = compiled(xd), torch.rand(3)
+            torch.manual_seed(seed)
+            want, after_want = _draws_and_more(x), torch.rand(3)
+            assert_same(got, want, **TOL)
+            assert torch.equal(after_got, after_want)  # the same draws consumed, in the same order
+    assert all(g.replays for g in graphs), graphs
+
+
+def test_a_draw_eager_falls_back_for_is_traced_at_every_call(dev):
+    # torch.randn of a given size is drawn by an eager fallback, which a replay cannot repeat
+    compiled = torch.compile(lambda x: x + torch.randn(3, device=x.device), backend="xlakit")
+    x = torch.ones(3)
+    with xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        for seed in range(3):
+            torch.manual_seed(seed)
+            got = compiled(x.to(dev))
+            torch.manual_seed(seed)
+            assert_same(got, x + torch.randn(3), **TOL)
+    assert graphs and not any(g.replays for g in graphs), graphs

@@ -11,9 +11,11 @@ xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
+import threading
 
 import torch
 import torch._decomp
@@ -406,8 +408,9 @@ def _record(func, args, kwargs):
     if info.shape_only_random:
         # drawn by torch's CPU generator (so torch.manual_seed holds) from the
         # input's shape and layout alone: nothing to sync, no graph split
-        like = [_host_like(a) if isinstance(a, LazyTensor) else a for a in args]
-        return from_host(func(*like, **to_cpu(kwargs)))
+        like = [_HostLike(a) if isinstance(a, LazyTensor) else a for a in args]
+        host_kwargs = to_cpu(kwargs)
+        return drawn(lambda: func(*[a.host() if isinstance(a, _HostLike) else a for a in like], **host_kwargs))
     tape = current().tape
     expected = tape.expected(func) if id(func) not in verdicts.FAILED else None
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
@@ -506,6 +509,8 @@ def run_eagerly(func, args, kwargs, *, reason: str):
             "xlakit.config.strict_lowering is set. Unset it to run such ops eagerly on CPU."
         )
     current().count_fallback()
+    if _DRAWS.log is not None and torch.Tag.nondeterministic_seeded in getattr(func, "tags", ()):
+        _DRAWS.log.append(None)
     eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     current().sync([t._state for t in lazy], trigger=Trigger.FALLBACK, source=sources.fallback_line(source, func))
@@ -631,10 +636,43 @@ def _slice_of_cat(x, dim=0, start=None, end=None, step=1):
     return None
 
 
-def _host_like(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialized host tensor laid out as t: a draw into its empty_like fills memory
-    in the order eager's does, so a transposed input gets eager's values in eager's places."""
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype)
+class _HostLike:
+    """A lazy tensor's shape, strides and dtype: `host()` is an uninitialized host tensor laid
+    out as it, and a draw into its empty_like fills memory in the order eager's does, so a
+    transposed input gets eager's values in eager's places."""
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self.stride, self.dtype = t.shape, t.stride(), t.dtype
+
+    def host(self) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+
+
+class _Draws(threading.local):
+    log: list | None = None
+
+
+_DRAWS = _Draws()
+
+
+@contextlib.contextmanager
+def draws_logged():
+    """While a compiled graph is traced: a list of its random draws, in the order they were
+    drawn, each (its DeviceData, a function that draws it again from torch's CPU generator),
+    or None for a draw that cannot be repeated that way (integrations/dynamo.py)."""
+    outer, _DRAWS.log = _DRAWS.log, []
+    try:
+        yield _DRAWS.log
+    finally:
+        _DRAWS.log = outer
+
+
+def drawn(draw) -> LazyTensor:
+    """The tensor torch's CPU generator draws (`draw()`), uploaded, and logged with `draw`."""
+    value = from_host(draw())
+    if _DRAWS.log is not None:
+        _DRAWS.log.append((value._state.data, draw))
+    return value
 
 
 @handles("aten::native_dropout.default", reason="eager CPU's dropout: the noise drawn and scaled on the host by "
@@ -647,10 +685,12 @@ def _native_dropout(x, p, train=None):
     next state are eager's for the same seed."""
     if train is False or x.numel() == 0:
         return alias(x), from_host(torch.ones(x.shape, dtype=torch.bool))
-    noise = torch.empty_like(_host_like(x)).bernoulli_(1 - p)
-    if p < 1:  # p == 1 drops everything (native_dropout's scale is 0)
-        noise.div_(1 - p)
-    noise = from_host(noise)
+    like = _HostLike(x)
+
+    def draw():
+        noise = torch.empty_like(like.host()).bernoulli_(1 - p)
+        return noise.div_(1 - p) if p < 1 else noise   # p == 1 drops everything (native_dropout's scale is 0)
+    noise = drawn(draw)
     return _record(aten.mul.Tensor, (x, noise), {}), _record(aten.ne.Scalar, (noise, 0), {})
 
 

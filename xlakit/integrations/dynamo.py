@@ -6,8 +6,11 @@ fallback, later calls with the same input shapes, dtypes and Python ints
 replay that executable directly on the input buffers (a model on the device:
 its parameters' buffers, nothing copied), donating the buffers of the inputs
 the graph updates in place (engine/compiled.py);
-otherwise (ops with no lowering, data-dependent syncs, random draws) it is
-interpreted lazily on every call, which may split it into several executables.
+random draws (dropout's noise, rand_like) are drawn again at each replay by
+torch's CPU generator, in the traced order, as the lazy path draws them;
+otherwise (ops with no lowering, data-dependent syncs, a draw that is an
+eager fallback) it is interpreted lazily on every call, which may split it into
+several executables.
 Each split is recorded with its FX node, op, reason and user source line, each
 node with the module path Dynamo's module stack gives it.
 """
@@ -31,7 +34,7 @@ from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import dynamo_frames, install
-from ..front.recorder import DEVICE, LazyTensor, from_host, new_tensor, unwrap, wrap
+from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, unwrap, wrap
 
 
 @dataclasses.dataclass
@@ -85,22 +88,28 @@ def compiled_graphs():
 class _Replay:
     """One executable run directly on the inputs' buffers at every later call.
 
-    param_sources: per executable input, a placeholder position or a constant
-    DeviceData; outputs: per FX output, (executable output index, aval), an
+    param_sources: per executable input, a placeholder position, a constant
+    DeviceData, or a draw (_Draw); outputs: per FX output, (executable output index, aval), an
     input position (passed through), or None. donating: the same executable with
     the buffers of the inputs the graph updates in place donated, and `donors`,
     its parameter positions -> placeholder positions (engine/compiled.py).
+    draws: every random draw of the traced graph, in the order drawn.
     """
 
-    def __init__(self, entry, param_sources: list, outputs: list, donating=None, donors: dict | None = None):
-        self.entry, self.param_sources, self.outputs = entry, param_sources, outputs
+    def __init__(self, entry, param_sources: list, outputs: list, draws: list, donating=None,
+                 donors: dict | None = None):
+        self.entry, self.param_sources, self.outputs, self.draws = entry, param_sources, outputs, draws
         self.donating, self.donors = donating, donors or {}
 
     def __call__(self, inputs: list, values: list):
         """`values`: per input, the LiveValue behind it where it is on the device (else None)."""
         engine = current()
+        # all of them, in eager's order, also those the executable does not read: the generator
+        # then stands where eager's does after the same call
+        drawn = {id(d): transfer.to_device(d.draw()) for d in self.draws}
         arrays = [(engine.read(values[src]).array if values[src] is not None else transfer.to_device(inputs[src]))
-                  if isinstance(src, int) else src.array for src in self.param_sources]
+                  if isinstance(src, int) else drawn[id(src)] if isinstance(src, _Draw) else src.array
+                  for src in self.param_sources]
         donated = self._donated(values)
         results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
         on_device = any(v is not None for v in values)
@@ -118,6 +127,13 @@ class _Replay:
                 not compiled.unshared(current(), list(buffers.values())):
             return {}
         return buffers
+
+
+@dataclasses.dataclass(frozen=True)
+class _Draw:
+    """A random draw of a traced graph: `draw()` draws it again from torch's CPU generator."""
+
+    draw: object
 
 
 def _wrap_output(array, aval, on_device: bool):
@@ -145,9 +161,6 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
     # as inputs, and XLA's executables are static: each new signature is traced again
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
     _REPLAYS.add(replays)
-    # a graph that draws random numbers (dropout) is traced at every call: its draws are
-    # torch's CPU generator's, fed to the executable, and a replay would feed the first ones again
-    draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in gm.graph.nodes)
     updated = _updated_inputs() if forward else []
     reason = _recompile_reason()
 
@@ -158,11 +171,12 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
         replay = replays.get(signature)
         if replay is not None:
             return replay(list(inputs), values)
-        outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
-        if execution is not None and record.executables == 1 and not record.splits and not draws:
+        with draws_logged() as draws:
+            outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
+        if execution is not None and record.executables == 1 and not record.splits and None not in draws:
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
-                                                                         for i in updated])
+                                                                         for i in updated], draws)
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
@@ -323,16 +337,18 @@ def _pending_or_data(o):
     return (state.node, state.index, state.aval) if state.node is not None else state.data
 
 
-def _plan(entry, graph, placeholder_data, output_values, updated: list) -> _Replay | None:
+def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: list) -> _Replay | None:
     """How to replay `entry` on new inputs, or None when an output is not one
     of its results (an input passed through, or a value computed earlier).
-    `updated`: per first output, the device input it updates in place (_updated_inputs)."""
+    `updated`: per first output, the device input it updates in place (_updated_inputs);
+    `draws`: the graph's random draws (front/recorder.py draws_logged)."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
+    redrawn = {id(data): _Draw(draw) for data, draw in draws}
     sources = []
     for p in graph.params:
-        if id(p) not in where:
+        if id(p) not in where and id(p) not in redrawn:
             p.read_only = True  # a constant the replay keeps using
-        sources.append(where.get(id(p), p))
+        sources.append(where.get(id(p), redrawn.get(id(p), p)))
     root_of = {(id(graph.nodes[n]), i): k for k, (n, i) in enumerate(graph.roots)}
     outputs = []
     for value in output_values:
@@ -349,9 +365,9 @@ def _plan(entry, graph, placeholder_data, output_values, updated: list) -> _Repl
               if i is not None and i in parameter_of and isinstance(out, tuple)
               and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
     if not donors:
-        return _Replay(entry, sources, outputs)
+        return _Replay(entry, sources, outputs, list(redrawn.values()))
     donating = compiled.donating(current(), graph, tuple(sorted(donors)))
-    return _Replay(entry, sources, outputs, donating, donors)
+    return _Replay(entry, sources, outputs, list(redrawn.values()), donating, donors)
 
 
 def _flatten(value):
