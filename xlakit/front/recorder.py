@@ -514,7 +514,18 @@ def run_eagerly(func, args, kwargs, *, reason: str):
     eager.warn_once(func, reason, source)
     lazy = [a for a in _leaves((args, kwargs)) if isinstance(a, LazyTensor)]
     current().sync([t._state for t in lazy], trigger=Trigger.FALLBACK, source=sources.fallback_line(source, func))
-    return _upload_outputs(eager.run(func, to_cpu(list(args)), to_cpu(kwargs)))
+    result = _upload_outputs(eager.run(func, to_cpu(list(args)), to_cpu(kwargs)))
+    if _writes_self(func) and isinstance(args[0], LazyTensor):
+        # an in-place op below functionalization (torch 2.13 makes randn empty + normal_,
+        # which has no functional twin of its name): the host copy it wrote becomes self's value
+        current().register(args[0], result._state)
+        return args[0]
+    return result
+
+
+def _writes_self(func) -> bool:
+    first = func._schema.arguments[:1]
+    return bool(first) and first[0].alias_info is not None and first[0].alias_info.is_write
 
 
 def to_cpu(v):
