@@ -114,9 +114,8 @@ def store(entry: Entry) -> None:
         from jax.experimental.serialize_executable import serialize
         executable, in_tree, out_tree = serialize(entry.compiled)
         stored = {"executable": executable, "in_tree": in_tree, "out_tree": out_tree, "devices": _devices(entry),
-                  "key": entry.key,
-                  "hlo": entry.hlo, "checks": entry.checks, "numerics": entry.numerics, "memory": entry.memory, "cost": entry.cost,
-                  "collectives": entry.collectives}
+                  "key": entry.key, "hlo": entry.hlo, "checks": entry.checks, "numerics": entry.numerics,
+                  "memory": entry.memory, "cost": entry.cost, "collectives": entry.collectives}
         with tempfile.NamedTemporaryFile(dir=_EXECUTABLES, suffix=".part", delete=False) as f:
             part = Path(f.name)
             pickle.dump(stored, f, protocol=pickle.HIGHEST_PROTOCOL)
