@@ -176,9 +176,11 @@ class Watch:
         if self.ranges:
             made, read = _padded(self._makes, pad), _padded(self._reads, pad)
             absmax = jnp.max(jnp.maximum(-lows[made], highs[made]), axis=1)
-            # NaN for a node that made no floating value, or read a mask's fill (scores + mask: its
+            # NaN for a node that made no floating value, made it from constants alone (a mask's
+            # zeros, which would read as an underflow), or read a mask's fill (scores + mask: its
             # values are the mask's, a hair inside the dtype's largest)
-            parts.append(jnp.where((absmax < 0) | jnp.any(codes[read] > 0, axis=1), jnp.nan, absmax))
+            left_out = (absmax < 0) | jnp.any(codes[read] > 0, axis=1) | jnp.asarray(self._constant)
+            parts.append(jnp.where(left_out, jnp.nan, absmax))
         return jnp.concatenate(parts)
 
     def _first_origin(self, codes, lows, highs, pad):

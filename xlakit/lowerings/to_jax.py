@@ -24,7 +24,7 @@ from .dtypes import jax_dtype
 from .verdicts import NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "7"
+LOWERING_VERSION = "8"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
