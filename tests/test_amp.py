@@ -189,7 +189,7 @@ def test_autocast_for_another_device_type_warns(dev, monkeypatch, device_type):
 
 
 class RotaryLikeTransformers(nn.Module):
-    """The pattern of transformers' rotary embeddings (4.x to 5.17): autocast turned off for the
+    """The pattern of transformers' rotary embeddings (transformers 5.17): autocast turned off for the
     tensors' own device type, asked of torch by that type's name."""
 
     def forward(self, x):
