@@ -116,6 +116,61 @@ def test_a_deliberate_infinity_is_no_origin(dev, nans):
     assert probs.isfinite().all().item()
 
 
+def test_only_a_step_whose_outputs_are_not_finite_is_searched(dev, nans):
+    # as jax_debug_nans: the step's outputs are checked, and only a step whose outputs hold a
+    # NaN or an infinity runs again, node by node, to find where it came from
+    x = torch.linspace(-1, 1, 8).to(dev)
+    xlakit.mark_step()
+    y = torch.where(x > 0, x.log(), 0.0)   # a NaN made and dropped, as eager would never notice
+    xlakit.mark_step()
+    info = xlakit.last_step().numerics
+    assert (info.nans_checked, info.searched, info.first_nonfinite) == (True, False, None)
+    torch.testing.assert_close(y.cpu(), torch.where(x.cpu() > 0, x.cpu().log(), 0.0))
+    for step in range(3):   # an output with a mask's -inf in it: searched once, then known to come from no op
+        masked = x.masked_fill(x < 0, float("-inf"))
+        xlakit.mark_step()
+        info = xlakit.last_step().numerics
+        assert (info.searched, info.first_nonfinite) == (step == 0, None), step
+    assert masked.isinf().sum().item() == 4
+
+
+def test_a_checked_step_frees_what_it_would_donate(dev, nans):
+    # the search needs the step's inputs: nothing is donated, and the buffers that would have
+    # been are freed once the outputs are known finite
+    model, opt, batch = llama(dev)
+    train(model, opt, batch, steps=3)
+    record = xlakit.last_step()
+    assert record.donated == () and "config.check_nans keeps a step's inputs" in record.donation_note
+    live = _live_bytes()
+    train(model, opt, batch, steps=2)
+    # no more than the two scalars per step AdamW's bias corrections lift onto the device
+    assert _live_bytes() - live <= 2 * 2 * 4 < record.memory.arguments
+
+
+def _live_bytes() -> int:
+    return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+
+
+PERSISTED = """
+import torch, xlakit
+xlakit.config.check_nans = True
+x = torch.linspace(-1, 1, 8).to(xlakit.device())
+xlakit.mark_step()
+y = (x - 0.5).log()
+try:
+    xlakit.mark_step()
+except FloatingPointError as e:
+    print(xlakit.last_step().cache, "aten.log.default" in str(e))
+"""
+
+
+def test_an_executable_loaded_from_disk_searches_too(new_python, tmp_path):
+    env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path)}
+    runs = [new_python("-c", PERSISTED, env=env) for _ in range(2)]
+    assert [r.stdout.split()[-2:] for r in runs] == [["miss", "True"], ["persistent_hit", "True"]], \
+        [r.stderr[-2000:] for r in runs]
+
+
 def test_no_false_report_over_twenty_steps_and_values_equal_the_flag_off(dev, monkeypatch):
     model, opt, batch = llama(dev)
     train(model, opt, batch, steps=2)

@@ -176,6 +176,17 @@ class Graph:
         return [self.nodes[n].avals[i] for n, i in self.roots]
 
 
+def structure(graph: Graph) -> Graph:
+    """The graph without its buffers (operands, results, inputs' arrays): what
+    lowering it again needs, holding no device memory while it is kept."""
+    nodes = []
+    for node in graph.nodes:
+        copy = Node(node.op, (), node.template, node.avals, node.source, node.signature)
+        copy.seq = node.seq
+        nodes.append(copy)
+    return Graph(nodes, [DeviceData(None, p.aval) for p in graph.params], list(graph.roots), list(graph.wiring))
+
+
 def operand_data(operand) -> DeviceData | None:
     """The device data a node operand reads: the operand itself, or the output
     an earlier sync computed; None while its producer is pending."""

@@ -284,6 +284,9 @@ class NumericsInfo:
     first_nonfinite: NonFinite | None = None   # None: no op made a NaN or infinity (or check_nans was off)
     ranges: dict[str, ModuleRange] | None = None   # per module path; None: ranges were not asked for
     nans_checked: bool = False                     # whether check_nans looked for a first_nonfinite
+    # whether the step was run again, node by node, to find it: check_nans alone runs a step with a
+    # guard on its outputs, and searches only a step whose outputs are not finite (engine/numerics.py)
+    searched: bool = False
 
     @property
     def by_module(self) -> dict[str, float]:

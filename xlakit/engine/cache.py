@@ -41,6 +41,7 @@ class Entry:
     uses: int = 0             # executions so far (the engine counts them as it runs)
     # GraphInfo per metadata digest: a hit with the same metadata reuses it.
     graph_infos: dict = dataclasses.field(default_factory=dict)
+    search: object = None     # a guarded executable's engine/numerics.Search (made in this process, never stored)
 
 
 class ExecutableCache:

@@ -268,7 +268,8 @@ class Engine:
         inherited = self.ledger.inherited(graph)
 
         t3 = time.perf_counter()
-        outputs, checked, watched = _split_checks(entry, self._run(entry, sharding.arguments(graph, placement), graph))
+        arguments = sharding.arguments(graph, placement)
+        outputs, checked, watched = _split_checks(entry, self._run(entry, arguments, graph))
         execute_s = time.perf_counter() - t3
 
         donated = [_donate(i, graph.params[i]) for i in donors]
@@ -276,13 +277,15 @@ class Engine:
         results = [node.results[i] for node, i in planned.roots]
         previous = self.ledger.bound(results, targets)
         graph_info = _any_graph_info(entry, graph, donors, key)
-        found = None if watched is None else numerics.read(entry.numerics, watched, graph_info)
+        found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search, arguments)
+        del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
+        donated, note = _guarded(entry, tuple(donated), planned.note)
         if checked is not None or inherited:
             self.ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
         self._append_record(entry, key, graph_info, trigger=trigger,
-                            cache=outcome, donated=tuple(donated), changed=changed, why=why, numerics=found,
-                            note=planned.note, source=source, replay=run.replay() if run is not None else None,
+                            cache=outcome, donated=donated, changed=changed, why=why, numerics=found,
+                            note=note, source=source, replay=run.replay() if run is not None else None,
                             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
@@ -321,8 +324,9 @@ class Engine:
             t0 = time.perf_counter()
             outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None))
             graph_info = next(iter(entry.graph_infos.values()))
-            found = None if watched is None else numerics.read(entry.numerics, watched, graph_info)
-            records = tuple(_donate(i, data) for i, data in donated.items())
+            found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
+                                                               arrays)
+            records, note = _guarded(entry, tuple(_donate(i, data) for i, data in donated.items()), note)
             self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=records,
                                 note=note, source=source, numerics=found,
                                 timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
@@ -372,19 +376,24 @@ class Engine:
             return None
         self.counters["cache_misses"] += 1
         self.counters["persistent_cache_hits"] += 1
-        self._keep(entry, graph)
+        self._keep(entry, graph, placement)
         return entry, Cache.PERSISTENT_HIT, 0.0, time.perf_counter() - t0
 
-    def _keep(self, entry: cache_mod.Entry, graph: Graph) -> None:
+    def _keep(self, entry: cache_mod.Entry, graph: Graph, placement) -> None:
         _warn_if_too_big(entry.memory, graph)
+        if entry.numerics is not None and entry.numerics.guard:
+            entry.search = numerics.Search(graph, placement)
         self.cache.capacity = config.cache_size
         self.cache.put(entry.key.key, entry)
 
     def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
         t0 = time.perf_counter()
+        # check_nans alone: a guard on the outputs, searched node by node only when they are not finite
+        guard = "nans" in flags and "ranges" not in flags
         lowered, step_checks, layout = to_jax.lower(
             graph, donors, flags["matmul_precision"], placement, check=flags["checks"] == "on",
-            nans=numerics_lowering.recording_ranks(graph) if "nans" in flags else None, ranges="ranges" in flags)
+            nans=numerics_lowering.recording_ranks(graph) if "nans" in flags and not guard else None,
+            ranges="ranges" in flags, guard=guard)
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
         compiled = lowered.compile()
@@ -398,7 +407,7 @@ class Engine:
                                 memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
-        self._keep(entry, graph)
+        self._keep(entry, graph, placement)
         if outcome is Cache.MISS:  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
             cache_mod.store(entry)
         return entry, outcome, t1 - t0, t2 - t1
@@ -532,6 +541,16 @@ def _donate(index: int, data: DeviceData) -> DonatedBuffer:
     data.donated, data.array = True, None
     return DonatedBuffer(index, data.label, data.aval.shape, str(data.aval.dtype).removeprefix("torch."),
                          data.aval.nbytes)
+
+
+def _guarded(entry, donated: tuple, note: str) -> tuple[tuple, str]:
+    """What a step donated, and its note: a guarded executable (config.check_nans) donates nothing,
+    and the buffers it would have donated are freed once its outputs are known finite."""
+    if not donated or entry.numerics is None or not entry.numerics.guard:
+        return donated, note
+    freed = (f"config.check_nans keeps a step's inputs until its outputs are known finite: the {len(donated)} "
+             f"buffer(s) it would donate ({sum(d.nbytes for d in donated)} bytes) were freed after it instead")
+    return (), f"{note}; {freed}" if note else freed
 
 
 def _split_checks(entry, outputs):

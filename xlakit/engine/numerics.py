@@ -5,6 +5,11 @@ Read right after the step ran (the vector is tens of bytes, or four per node
 with ranges); with config.check_nans on, a step therefore waits for its
 execution even where config.wait_for_execution is off. Nothing is poisoned or
 given back: the values are what XLA computed, as eager torch would have them.
+
+With check_nans alone the step's executable only guards its outputs; a step
+whose outputs are not all finite is searched by a second executable (`Search`),
+run on the same inputs, which the guarded step did not donate. Its buffers
+that would have been donated are released right after the guard is read.
 """
 from __future__ import annotations
 
@@ -15,15 +20,50 @@ import torch
 
 from ..config import config
 from ..core import sources
-from ..core.ir import dtype_name
+from ..core.ir import Graph, dtype_name, structure
 from ..core.record import GraphInfo, ModuleRange, NonFinite, NumericsInfo
-from ..lowerings.numerics import INPUTS, Layout
+from ..lowerings import to_jax
+from ..lowerings.numerics import INPUTS, Layout, recording_ranks
 
 _FLOATING = {dtype_name(d): torch.finfo(d) for d in (torch.float64, torch.float32, torch.float16, torch.bfloat16)}
 
 
-def read(layout: Layout, vector, graph: GraphInfo) -> NumericsInfo:
-    """The NumericsInfo of one step's numerics vector."""
+class Search:
+    """The per-node search for the first NaN or infinity of a step whose guard
+    found an output not finite: the step's graph, kept without its buffers,
+    lowered with every node watched (no outputs but the numerics vector),
+    compiled at the first such step and run on that step's inputs."""
+
+    def __init__(self, graph: Graph, placement):
+        self.graph = structure(graph)
+        self.graph.roots = []
+        self.precision, self.placement = to_jax.matmul_precision(), placement
+        self.compiled, self.layout = None, None
+        # the guards whose search found no origin (a NaN that came with the inputs, a mask's
+        # -inf among the outputs): such a step is not searched again at every run
+        self.explained: set[bytes] = set()
+
+    def find(self, guard, arguments: list, graph: GraphInfo) -> NumericsInfo:
+        flags = np.asarray(guard, dtype=np.float32)
+        if not flags.any() or flags.tobytes() in self.explained:
+            return NumericsInfo(nans_checked=True)
+        if self.compiled is None:
+            lowered, _, self.layout = to_jax.lower(self.graph, (), self.precision, self.placement, check=False,
+                                                   nans=recording_ranks(self.graph))
+            self.compiled = lowered.compile()
+        vector, = self.compiled(*arguments)
+        found = _first_nonfinite(np.asarray(vector, dtype=np.float32)[:self.layout.nans_size], graph)
+        if found is None:
+            self.explained.add(flags.tobytes())
+        return NumericsInfo(first_nonfinite=found, nans_checked=True, searched=True)
+
+
+def read(layout: Layout, vector, graph: GraphInfo, search: Search | None = None,
+         arguments: list | None = None) -> NumericsInfo:
+    """The NumericsInfo of one step's numerics vector; a guard's is searched
+    with `search` on the step's `arguments` when an output is not finite."""
+    if layout.guard:
+        return search.find(vector, arguments, graph)
     values = np.asarray(vector, dtype=np.float32)
     first = _first_nonfinite(values[:layout.nans_size], graph) if layout.nans else None
     ranges = _ranges(values[layout.nans_size:], graph) if layout.ranges else None

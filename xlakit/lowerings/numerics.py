@@ -2,6 +2,16 @@
 value came from (config.check_nans) and how large each node's values got
 (config.record_ranges).
 
+With check_nans alone, a step's executable only *guards* its outputs: per
+floating output, whether it holds a NaN or an infinity (`guard`), one read of
+each output. Only a step whose outputs hold one runs the per-node search below,
+in a second executable on the same inputs (engine/numerics.py): the search
+reduces every value the step makes, which on the GPU nearly doubled the Llama
+step (+90%), where the guard reads the outputs alone. JAX's jax_debug_nans
+works the same way: it checks a jitted function's outputs, and runs it again
+op by op only when they hold a NaN. So a NaN the step makes and then drops
+(`where(x > 0, x.log(), 0)`) is not reported, as eager would not notice it either.
+
 Per floating value of the step (an input, a node's output): whether it holds
 a NaN, whether it holds an infinity, its min and its max. A node is an
 *origin* when it made a NaN from inputs that hold none, or an infinity from
@@ -34,10 +44,13 @@ INPUTS = 4
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """What a numerics output holds (kept with the executable)."""
+    """What a numerics output holds (kept with the executable): the first origin
+    (`nans`), each node's absolute maximum (`ranges`), or, alone, one flag per
+    floating output (`guard`)."""
 
     nans: bool
     ranges: bool
+    guard: bool = False
 
     @property
     def nans_size(self) -> int:
@@ -100,6 +113,26 @@ def _stats(x):
     return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
 
 
+def guard(graph: Graph, roots) -> jax.Array:
+    """Per floating output (root) of a step, 1 where it holds a NaN or an infinity (float32)."""
+    constant = constant_nodes(graph)
+    flags = []
+    for (position, _), root, aval in zip(graph.roots, roots, graph.root_avals):
+        if _floating(aval):
+            if constant[position]:   # not folded at compile time: see Watch._of
+                root = jax.lax.optimization_barrier(root)
+            flags.append(jnp.any(~jnp.isfinite(root)))
+    return jnp.stack(flags).astype(jnp.float32) if flags else jnp.zeros((0,), jnp.float32)
+
+
+def constant_nodes(graph: Graph) -> list[bool]:
+    """Per node, whether its values follow from constants alone (a factory, or ops on factories' values)."""
+    constant: list[bool] = []
+    for node, wires in zip(graph.nodes, graph.wiring):
+        constant.append(_name(node) in SHAPE_ONLY or all(w.__class__ is not int and constant[w[0]] for w in wires))
+    return constant
+
+
 def _asks_for_nonfinite(node: Node) -> bool:
     """Whether a constant argument of the node is itself NaN or infinite (a mask fill)."""
     args, kwargs = node.template
@@ -116,7 +149,7 @@ class Watch:
         self.graph, self.ranks, self.ranges = graph, ranks, ranges
         self._stats: list = []        # per value: _stats
         self._index: dict = {}        # value (param index or (node, output)) -> the indices of its stats
-        self._constant: list[bool] = []   # per node: whether its values follow from constants alone
+        self._constant = constant_nodes(graph)
         self._makes: list = []        # per node: the stats indices of its floating outputs (() for a move)
         self._reads: list = []        # per node: the stats indices of its floating operands (() for a move)
         # per candidate origin: (node position, stats indices of all its floating inputs, of each of its first
@@ -143,8 +176,6 @@ class Watch:
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
         node = self.graph.nodes[position]
-        self._constant.append(_name(node) in SHAPE_ONLY or all(
-            w.__class__ is not int and self._constant[w[0]] for w in wires))
         if _name(node) in MOVES:
             sources = tuple(i for ids in self._read(wires, operands) for i in ids)
             if sources:

@@ -24,7 +24,7 @@ from .dtypes import jax_dtype
 from .verdicts import NeedsEager
 
 # Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "8"
+LOWERING_VERSION = "9"
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
@@ -64,10 +64,11 @@ class NodeFailedIndexError(NodeFailedError, IndexError):
 
 
 def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
-            watch: numerics.Watch | None, *params):
+            watch: numerics.Watch | None, guard: bool, *params):
     """The graph on tracers; its roots, then, if its lowerings asked for checks
     (recorded into `trace`; None: checks are off), one int64 array of (ok,
-    offending value) per check, then, with a `watch`, its numerics vector."""
+    offending value) per check, then, with a `watch` or a `guard`, its numerics
+    vector. A watch with no roots to return (`graph.roots` empty) returns that vector alone."""
     outputs: list[list] = []
     # root j takes donors[j]'s buffer (the plan orders the roots so)
     donated = {root: donor for root, donor in zip(graph.roots, donors)}
@@ -107,6 +108,8 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
     extra = (trace.flags(),) if trace else ()
     if watch is not None:
         extra += (watch.output(),)
+    if guard:
+        extra += (numerics.guard(graph, roots),)
     return (*roots, *extra)
 
 
@@ -218,26 +221,34 @@ def _promoted(op, lowering, template, avals, operands) -> list:
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
           placement: sharding.Placement | None = None, *, check: bool = True,
-          nans: tuple[int, ...] | None = None, ranges: bool = False):
+          nans: tuple[int, ...] | None = None, ranges: bool = False, guard: bool = False):
     """Trace and lower to StableHLO; returns jax's Lowered object, the
     checks tracing found (`check=False`: none are computed) and the layout of
     its numerics output (None: it has none; `nans`: the nodes' recording ranks,
     numerics.recording_ranks, to find the first non-finite value; `ranges`:
-    each node's absolute maximum). With a placement, for its mesh:
-    GSPMD/Shardy propagate the shardings it gives."""
+    each node's absolute maximum; `guard`: whether each output is finite). A
+    guarded executable donates nothing: a step whose outputs are not finite is
+    run again on the same inputs to find where (engine/numerics.py). With a
+    placement, for its mesh: GSPMD/Shardy propagate the shardings it gives."""
     trace = checks.Trace() if check else None
     watch = numerics.Watch(graph, nans, ranges) if nans is not None or ranges else None
+    if guard:
+        donate = ()
+        layout = numerics.Layout(nans=False, ranges=False, guard=True)
+    else:
+        donate = donors
+        layout = None if watch is None else watch.layout()
     # keep_unused: every graph input stays an executable parameter, so the
     # executable's signature is exactly the graph's (JAX would prune inputs
     # that only lend their shape, e.g. to zeros_like)
     on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
     out_shardings = () if placement is None else placement.outputs
-    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings, watch), donate_argnums=donors,
-                 keep_unused=True, **on_mesh)
+    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings, watch, guard),
+                 donate_argnums=donate, keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
         lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))
     step_checks = trace.found_checks(graph.roots) if trace else checks.StepChecks()
-    return lowered, step_checks, None if watch is None else watch.layout()
+    return lowered, step_checks, layout
 
 
 def matmul_precision() -> str:
