@@ -130,7 +130,9 @@ def test_only_a_step_whose_outputs_are_not_finite_is_searched(dev, nans):
         masked = x.masked_fill(x < 0, float("-inf"))
         xlakit.mark_step()
         info = xlakit.last_step().numerics
-        assert (info.searched, info.first_nonfinite) == (step == 0, None), step
+        assert (info.searched, info.first_nonfinite, info.nonfinite_outputs) == (step == 0, None, True), step
+    from xlakit.notebook import render
+    assert "no op of this step made" in render.text(xlakit.last_step())
     assert masked.isinf().sum().item() == 4
 
 

@@ -287,6 +287,7 @@ class NumericsInfo:
     # whether the step was run again, node by node, to find it: check_nans alone runs a step with a
     # guard on its outputs, and searches only a step whose outputs are not finite (engine/numerics.py)
     searched: bool = False
+    nonfinite_outputs: bool = False                # whether the step's outputs hold a NaN or an infinity
 
     @property
     def by_module(self) -> dict[str, float]:

@@ -45,8 +45,10 @@ class Search:
 
     def find(self, guard, arguments: list, graph: GraphInfo) -> NumericsInfo:
         flags = np.asarray(guard, dtype=np.float32)
-        if not flags.any() or flags.tobytes() in self.explained:
+        if not flags.any():
             return NumericsInfo(nans_checked=True)
+        if flags.tobytes() in self.explained:
+            return NumericsInfo(nans_checked=True, nonfinite_outputs=True)
         if self.compiled is None:
             lowered, _, self.layout = to_jax.lower(self.graph, (), self.precision, self.placement, check=False,
                                                    nans=recording_ranks(self.graph))
@@ -55,7 +57,7 @@ class Search:
         found = _first_nonfinite(np.asarray(vector, dtype=np.float32)[:self.layout.nans_size], graph)
         if found is None:
             self.explained.add(flags.tobytes())
-        return NumericsInfo(first_nonfinite=found, nans_checked=True, searched=True)
+        return NumericsInfo(first_nonfinite=found, nans_checked=True, searched=True, nonfinite_outputs=True)
 
 
 def read(layout: Layout, vector, graph: GraphInfo, search: Search | None = None,

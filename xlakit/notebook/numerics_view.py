@@ -64,8 +64,15 @@ def lines(record: StepRecord) -> list[str]:
         if under:
             out.append(f"underflow to zero: {', '.join(under)}")
     if n.nans_checked and n.first_nonfinite is None:
-        out.insert(0, "no op made a NaN or infinity")
+        out.insert(0, _no_origin(n))
     return out
+
+
+def _no_origin(n) -> str:
+    if n.nonfinite_outputs:
+        return ("its outputs hold a NaN or infinity that no op of this step made "
+                "(it came with the inputs, or an op asked for it, as masked_fill(-inf) does)")
+    return "no op made a NaN or infinity"
 
 
 def _headroom(r: ModuleRange) -> str:
@@ -80,7 +87,7 @@ def html_panel(record: StepRecord) -> str:
     if n.first_nonfinite is not None:
         parts.append(f'<div class="xlakit-warning">&#9888; {html.escape(nonfinite_line(n.first_nonfinite))}</div>')
     elif n.nans_checked:
-        parts.append("<div>No op made a NaN or infinity in this step.</div>")
+        parts.append(f"<div>{html.escape(_no_origin(n).capitalize())}.</div>")
     if n.ranges:
         parts.append("<div>The largest absolute value each module's ops computed (forward, "
                      "<code>backward.&lt;module&gt;</code> for the gradients into it, <code>optimizer</code>), "
