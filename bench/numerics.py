@@ -110,34 +110,40 @@ def llama_cost(name: str, quick: bool, steps: int) -> None:
     ids = torch.randint(0, model.config.vocab_size, (8, 128)).to(dev)
     xlakit.mark_step()
 
-    def run(nans, ranges):
-        xlakit.config.check_nans, xlakit.config.record_ranges = nans, ranges
-        try:
-            with xlakit.capture() as records:
-                for _ in range(steps + 2):
+    modes = {"off": (False, False), "check_nans": (True, False), "record_ranges": (False, True)}
+    records = {mode: [] for mode in modes}
+    # one step of each mode in turn, so that a change of load on this shared machine falls on all
+    # of them alike; the first two rounds compile
+    for round_ in range(steps + 2):
+        for mode, (nans, ranges) in modes.items():
+            xlakit.config.check_nans, xlakit.config.record_ranges = nans, ranges
+            try:
+                with xlakit.capture() as captured:
                     opt.zero_grad()
                     model(input_ids=ids, labels=ids).loss.backward()
                     opt.step()
                     xlakit.mark_step()
-        finally:
-            xlakit.config.check_nans, xlakit.config.record_ranges = False, False
-        timed_steps = [r for r in records[2:] if r.trigger == "mark_step"]
-        built = sum(r.timings.lower + r.timings.compile for r in records)
-        return statistics.median(r.timings.execute for r in timed_steps), timed_steps[-1], built
-
-    rows = [("off", *run(False, False)), ("check_nans", *run(True, False)), ("record_ranges", *run(False, True)),
-            ("off, again", *run(False, False))]
-    base = statistics.mean([rows[0][1], rows[-1][1]])
-    nodes = rows[0][2].num_nodes
+            finally:
+                xlakit.config.check_nans, xlakit.config.record_ranges = False, False
+            step, = [r for r in captured if r.trigger == "mark_step"]
+            records[mode].append((round_ >= 2, step, sum(r.timings.lower + r.timings.compile for r in captured)))
+    execute = {mode: [r.timings.execute for timed, r, _ in rows if timed] for mode, rows in records.items()}
+    off = statistics.median(execute["off"])
+    nodes = records["off"][-1][1].num_nodes
     print(f"\n### {name} training step (bench/real_models.py{' --quick' if quick else ''}: {nodes} nodes), "
-          f"executable time, median of {steps} steps")
-    print("\n| numerics | execute (ms) | vs off | XLA flops | XLA bytes accessed | peak memory (MiB) "
-          "| lower + compile (s) |")
-    print("|---|---|---|---|---|---|---|")
-    for name, seconds, record, built in rows:
+          f"executable time, median of {steps} steps, the modes' steps taken in turn")
+    print("\n| numerics | execute (ms) | vs off | paired vs off (median, quartiles) | XLA flops "
+          "| XLA bytes accessed | peak memory (MiB) | lower + compile (s) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for mode, rows in records.items():
+        record, built = rows[-1][1], sum(b for _, _, b in rows)
+        seconds = statistics.median(execute[mode])
+        paired = sorted(t / o - 1 for t, o in zip(execute[mode], execute["off"]))
+        quartiles = statistics.quantiles(paired, n=4)
         memory = f"{record.memory.peak / 2**20:.1f}" if record.memory else "?"
-        print(f"| {name} | {seconds * 1e3:.2f} | {100 * (seconds / base - 1):+.1f}% | {record.cost.flops:.4g} | "
-              f"{record.cost.bytes_accessed:.4g} | {memory} | {built:.2f} |")
+        print(f"| {mode} | {seconds * 1e3:.2f} | {100 * (seconds / off - 1):+.1f}% | "
+              f"{100 * statistics.median(paired):+.1f}% ({100 * quartiles[0]:+.1f}%, {100 * quartiles[2]:+.1f}%) | "
+              f"{record.cost.flops:.4g} | {record.cost.bytes_accessed:.4g} | {memory} | {built:.2f} |")
 
 
 def main() -> None:
