@@ -72,18 +72,29 @@ def build(name: str, quick: bool):
     return model, logits, ids
 
 
-def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m):
+def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m, whole=lambda step: step):
+    """One AdamW step of a copy of `model` on `device`; `wrap` wraps the model (torch.compile of
+    its forward), `whole` the step itself (torch.compile of forward, backward and optimizer)."""
     model = copy.deepcopy(model).to(device)
     run = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
     ids = ids.to(device)
 
-    def step():
+    def train(ids):
         opt.zero_grad()
         run(input_ids=ids, labels=ids).loss.backward()
         opt.step()
+    train = whole(train)
+
+    def step():
+        train(ids)
         after_step()
     return step
+
+
+def xlakit_compiled(train):
+    """torch.compile of a whole training step on xlakit: each FX graph one executable."""
+    return torch.compile(train, backend="xlakit")
 
 
 def jax_peer(model, logits_fn, ids):
@@ -138,11 +149,13 @@ def peers(model, logits_fn, ids, device):
     except ImportError:  # torch_xla: the .venv column only (it needs torch 2.9)
         pass
     result["xlakit lazy"] = (torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step), lambda: None)
+    result[COMPILED] = (torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled), xlakit.wait)
     result["xlakit lazy, dispatch ahead"] = (torch_peer(model, ids, xlakit.device(), after_step=mark_step_ahead),
                                              xlakit.wait)
     return result
 
 
+COMPILED = "xlakit torch.compile, whole step"
 # a peer whose step returns at dispatch; torch_xla's sync on XLA:CPU returns after its executable
 # ran (measured: its host time was its whole step), so its Python is bench/tracing.py's per op
 ASYNC_PEERS = ("xlakit lazy, dispatch ahead",)
@@ -154,7 +167,7 @@ def measure(name: str, quick: bool, device: str):
 
     model, logits_fn, ids = build(name, quick)
     steps, rounds = (2, 1) if quick else (5, 3)
-    rows, records, host = {}, [], {}
+    rows, records, host, compiled = {}, [], {}, None
     for peer, (step, wait) in peers(model, logits_fn, ids, device).items():
         with xlakit.capture() as captured:
             # warm-up: compiles, then the first runs of each new executable, which are slower
@@ -162,6 +175,11 @@ def measure(name: str, quick: bool, device: str):
             rows[peer] = seconds_per_step(step, wait, steps, warmup=2 if quick else 8, rounds=rounds) * 1e3
         if peer == "xlakit lazy":
             records = captured[-steps:]
+        if peer == COMPILED:
+            with xlakit.capture() as one_step:
+                step()
+                wait()
+            compiled = (one_step, rows[peer])
         if peer in ASYNC_PEERS:
             host[peer] = host_seconds_per_step(step, wait) * 1e3
     floor, torch_xla = rows["jax.jit (donating)"], rows.get("torch_xla lazy")
@@ -176,6 +194,12 @@ def measure(name: str, quick: bool, device: str):
               f"{median([r.timings.trace for r in records]) * 1e3:.1f} ms, execution (waited) "
               f"{median([r.timings.execute for r in records]) * 1e3:.1f} ms; the rest of the step is the "
               "step marker's own work (cut, key, cache lookup, records) and Python's collector")
+    if compiled:
+        per_step, ms = compiled
+        print(f"\n{COMPILED}, per step: {len(per_step)} executions "
+              f"({', '.join(f'{r.trigger} {r.num_nodes} nodes' for r in per_step)}), executables "
+              f"{sum(r.timings.execute for r in per_step) * 1e3:.1f} ms of {ms:.1f} ms; the rest is Python: "
+              "Dynamo's guards, AOTAutograd's wrappers and xlakit's replay")
     if host:
         print(f"\nPython per step (host time from an idle device to dispatch), and the step projected on an "
               f"accelerator whose executable takes {PROJECTED_DEVICE_MS:g} ms (dispatching ahead, the slower of "
@@ -185,15 +209,17 @@ def measure(name: str, quick: bool, device: str):
             print(f"| {peer} | {ms:.1f} | {max(ms, PROJECTED_DEVICE_MS):.1f} | {bound} |")
 
 
-def cold_start_child(quick: bool):
-    """Run in a fresh process: the first two steps' executions (each sync) and wall times."""
+def cold_start_child(quick: bool, compiled: bool):
+    """Run in a fresh process: the first two steps' executions (each sync) and wall times;
+    `compiled`: of the whole step under torch.compile."""
     import xlakit
 
     model, _, ids = build("Llama", quick)
     walls = []
     with xlakit.capture() as records:
         t = time.perf_counter()
-        step = torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step)
+        step = torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled, after_step=xlakit.wait) if compiled \
+            else torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step)
         for _ in range(2):
             step()
             walls.append(time.perf_counter() - t)
@@ -203,14 +229,19 @@ def cold_start_child(quick: bool):
     print(json.dumps({"executions": rows, "walls": walls}))
 
 
+def two_processes(quick: bool, cache_dir: str, compiled: bool = False) -> list[dict]:
+    """cold_start_child's report from a fresh process with an empty `cache_dir`, then from a second."""
+    env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dir)
+    argv = [sys.executable, __file__, "--cold-start-child"] + ["--quick"] * quick + ["--compiled"] * compiled
+    return [json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=True)
+                       .stdout.strip().splitlines()[-1]) for _ in range(2)]
+
+
 def cold_start(quick: bool):
-    with tempfile.TemporaryDirectory() as cache_dir:
+    with tempfile.TemporaryDirectory() as cache_dir, tempfile.TemporaryDirectory() as compiled_dir:
+        runs = two_processes(quick, cache_dir)
+        compiled_runs = two_processes(quick, compiled_dir, compiled=True)
         env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dir)
-        runs = []
-        for _ in range(2):
-            done = subprocess.run([sys.executable, __file__, "--cold-start-child"] + (["--quick"] if quick else []),
-                                  env=env, capture_output=True, text=True, timeout=900, check=True)
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import xlakit"], env=env, check=True)
         import_s = time.perf_counter() - started
@@ -224,6 +255,14 @@ def cold_start(quick: bool):
     for label, run in zip(("first", "second"), runs):
         print(f"\n{label} process: step 1 {run['walls'][0]:.2f} s, step 2 {run['walls'][1]:.2f} s wall")
     print(f"\n`python -c 'import xlakit'` (a whole process, torch and jax included): {import_s:.2f} s")
+    print(f"\n### Cold start of {COMPILED}: Llama's first two calls, then a second process with the same cache "
+          "dir\n\n| process | call 1 s | call 2 s | executions | compiled | loaded from disk | lowering s "
+          "| XLA compile s |\n|---|---|---|---|---|---|---|---|")
+    for label, run in zip(("first (empty cache)", "second (same cache dir)"), compiled_runs):
+        done = run["executions"]
+        print(f"| {label} | {run['walls'][0]:.2f} | {run['walls'][1]:.2f} | {len(done)} | "
+              f"{sum(s['cache'] == 'miss' for s in done)} | {sum(s['cache'] == 'persistent_hit' for s in done)} | "
+              f"{sum(s['lower'] for s in done):.2f} | {sum(s['compile'] for s in done):.2f} |")
 
 
 def main():
@@ -233,9 +272,10 @@ def main():
                         help="where the torch peers run (JAX's peers and xlakit use JAX's default device)")
     parser.add_argument("--model", choices=GPU_MODELS, help="this model only (default: every model of the device)")
     parser.add_argument("--cold-start-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_start_child:
-        return cold_start_child(args.quick)
+        return cold_start_child(args.quick, args.compiled)
     import platform
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}, "
           f"transformers {transformers.__version__}; float32 matmul precision: highest")

@@ -10,7 +10,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 BENCHMARKS = {
     "training": (600, ["| xlakit lazy |", "| jax.jit (donating) |"]),
     "render": (600, ["| static SVG (dot) |", "| open (first draw) |"]),
-    "real_models": (900, ["| xlakit lazy |", "| jax.jit (donating) |", "| second (same cache dir) |"]),
+    "real_models": (900, ["| xlakit lazy |", "| jax.jit (donating) |", "| second (same cache dir) |",
+                          "| xlakit torch.compile, whole step |"]),
     "moe": (900, ["| jax.jit ragged_dot, the floor |", "| xlakit lazy (grouped_mm) |"]),
     "numerics": (900, ["| jax.jit + jax_debug_nans |", "| check_nans |", "encountered in log", "aten.log.default"]),
 }
