@@ -58,7 +58,8 @@ def test_messy_function_counts_per_path():
     compiled = report.path("Dynamo -> HLO (xlakit backend)")
     # FX graphs: [sin mul sum gt], [mean], [gt], [sub view resize sum sum add] -> the last splits at the resize
     assert (compiled.graphs, compiled.breaks) == (5, 1)
-    assert compiled.why == [f"FX graph 3: {AA}.default ({AA[5:]}) fallback at {HERE}:{LINE + 6}"]
+    assert compiled.why == [f"FX graph 3: {AA}.default ({AA[5:]}) fallback at {HERE}:{LINE + 6} "
+                            "(runs eagerly on CPU: no XLA lowering)"]
     last = report.fx_graphs[3]
     assert last.ops == ["sub", "view", "interpolate", "sum", "sum", "add"]
     assert last.compiled.partition == {"sub": 0, "view": 0, AA[5:]: 1, "sum_1": 1, "sum_2": 1, "add": 1}

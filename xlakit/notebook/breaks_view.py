@@ -140,7 +140,7 @@ def splits_html(g: FxGraph) -> str:
     for k in range(max(c.executables, 1)):
         names = [name for name, p in c.partition.items() if p == k]
         split = cut_by.get(k + 1)
-        ended = (f"{split.reason} at {sources.describe(split.source) or '?'}: {split.op} ({split.node})"
+        ended = (f"{split.reason} at {sources.describe(split.source) or '?'}: {split.op} ({split.node}): {split.why}"
                  if split is not None else "the graph's outputs")
         shown = ", ".join(names[:12]) + (f" ... ({len(names)})" if len(names) > 12 else "")
         rows.append(f"<tr><td>{k}</td><td>{html.escape(shown)}</td><td>{html.escape(ended)}</td></tr>")
