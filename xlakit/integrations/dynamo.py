@@ -237,6 +237,7 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     (entry, graph), the placeholders' device data, and each output's pending
     value before that execution. `reason`: why Dynamo recompiled, put first in
     the `why` of the execution's record when its executable is new."""
+    record.splits.clear()  # a graph traced at every call: its latest trace's splits, not one more copy per call
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
     env: dict = {}
