@@ -158,6 +158,13 @@ def test_explain_of_a_training_step_on_the_device_leaves_the_callers_model_and_o
     assert [(g.compiled is not None, g.backward is not None) for g in report.fx_graphs] == [
         (True, True), (True, True), (True, False)]
     assert all(c.executables == 1 for g in report.fx_graphs for c in (g.compiled, g.backward) if c is not None)
+    # the view draws both: the static page, and the widget's tabs
+    page = report._repr_html_()
+    assert "FX graph 0 backward: as xlakit compiled it" in page and "FX graph 2 backward" not in page
+    graph_rows = report.widget().children[-1]
+    assert graph_rows.get_title(0) == "FX graph 0: 5 ops, 1 executable, 0 HLO splits, backward 1 executable, 0 HLO splits"
+    tabs = graph_rows.children[0]
+    assert [tabs.get_title(i) for i in range(len(tabs.children))] == ["graph 0", "graph 0 in HLO", "graph 0 backward in HLO"]
 
 
 def resized(x):
@@ -190,4 +197,4 @@ def test_a_graph_that_cannot_compile_says_so_with_its_node_and_line(dev, case):
     compiled = report.path("Dynamo -> HLO (xlakit backend)")
     assert compiled.breaks == 1 and compiled.why[0].startswith(f"FX graph 0: {split.op} ({node}) fallback at {HERE}:{line} ({why}")
     assert report.breaks == [] and report.fx_graphs[0].compiled.executables == 2
-    assert html.escape(why) in breaks_view.splits_html(report.fx_graphs[0])  # the view's "ended by" column
+    assert html.escape(why) in breaks_view.splits_html(report.fx_graphs[0].compiled)  # the view's "ended by" column

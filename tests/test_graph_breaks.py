@@ -156,7 +156,7 @@ def test_fx_graphs_group_nodes_by_module_and_draw_as_the_step_view_does():
     graph = tabs.children[0].data
     assert [g["name"] for g in graph["groups"]][:3] == ["", "encoder", "encoder.0"]
     assert {i["title"] for i in graph["items"] if i["kind"] == "node"} == {"%0 linear", "%1 relu", "%2 linear", "%3 relu"}
-    compiled = breaks_view.by_executable(before)
+    compiled = breaks_view.by_executable(before.compiled)
     assert {n.module.split(".")[0] for n in compiled.nodes} == {"executable 0"}
 
 
