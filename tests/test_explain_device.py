@@ -198,3 +198,39 @@ def test_a_graph_that_cannot_compile_says_so_with_its_node_and_line(dev, case):
     assert compiled.breaks == 1 and compiled.why[0].startswith(f"FX graph 0: {split.op} ({node}) fallback at {HERE}:{line} ({why}")
     assert report.breaks == [] and report.fx_graphs[0].compiled.executables == 2
     assert html.escape(why) in breaks_view.splits_html(report.fx_graphs[0].compiled)  # the view's "ended by" column
+
+
+TRAIN_STEP_PROGRAM = """
+import torch, xlakit
+dev = xlakit.device()
+def train_step(model, opt, x, y):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    if loss > 0:
+        loss = loss * 2
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(dev)
+if EARLIER_BACKWARD:
+    model(torch.randn(6, 4).to(dev)).sum().backward()
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+report = xlakit.explain(train_step, model, opt, torch.randn(6, 4).to(dev), torch.randn(6, 2).to(dev))
+print([(p.path, p.graphs, p.why) for p in report.paths[3:]])
+print([(p.path, p.graphs, p.breaks) for p in report.paths[:3]])
+"""
+
+
+@pytest.mark.parametrize("earlier_backward", [False, True])
+def test_torch_xlas_paths_of_a_training_step_run_or_say_why_not(new_python, earlier_backward):
+    pytest.importorskip("torch_xla")
+    # a fresh process (this one made torch_xla's device at its start: conftest.py). PyTorch's
+    # autograd engine counts devices at the first backward(): explain() makes torch_xla's before
+    # its own paths' backward(); after the user's own, torch_xla's paths cannot run, and say so
+    program = f"EARLIER_BACKWARD = {earlier_backward}\n{TRAIN_STEP_PROGRAM}"
+    theirs, ours = new_python("-c", program, check=True, timeout=600).stdout.strip().splitlines()
+    if earlier_backward:
+        assert theirs == str([(name, 0, [breaks.LATE_DEVICE_WHY]) for name in ("torch_xla LazyTensor", "torch_xla openxla")])
+    else:
+        assert theirs.startswith("[('torch_xla LazyTensor', 2, ") and "not run" not in theirs, theirs
+    assert ours == str([("Dynamo FX", 3, 2), ("Dynamo -> HLO (xlakit backend)", 6, 0), ("Lazy (xlakit engine)", 2, 1)])
