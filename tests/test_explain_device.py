@@ -151,9 +151,9 @@ def test_explain_of_a_training_step_on_the_device_leaves_the_callers_model_and_o
     report = xlakit.explain(train_step, model, opt, torch.randn(6, 4).to(dev), torch.randn(6, 2).to(dev))
     assert all(torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters()))
     assert not opt.state  # its copy took the steps
-    assert [(b.where.line, b.dynamo.title) for b in report.breaks] == [
-        (STEP + 2, "Data-dependent branching"), (STEP + 4, report.breaks[1].dynamo.title)]
-    assert "backward" in report.breaks[1].reason
+    assert [b.where.line for b in report.breaks] == [STEP + 2, STEP + 4]
+    assert report.breaks[0].dynamo.title == "Data-dependent branching"
+    assert "Tensor.backward()" in report.breaks[1].dynamo.title
     # each FX graph matched to what xlakit compiled of it: its forward, and the backward of the first two
     assert [(g.compiled is not None, g.backward is not None) for g in report.fx_graphs] == [
         (True, True), (True, True), (True, False)]
