@@ -58,7 +58,8 @@ def test_messy_function_counts_per_path():
     compiled = report.path("Dynamo -> HLO (xlakit backend)")
     # FX graphs: [sin mul sum gt], [mean], [gt], [sub view resize sum sum add] -> the last splits at the resize
     assert (compiled.graphs, compiled.breaks) == (5, 1)
-    assert compiled.why == [f"FX graph 3: {AA}.default ({AA[5:]}) fallback at {HERE}:{LINE + 6}"]
+    assert compiled.why == [f"FX graph 3: {AA}.default ({AA[5:]}) fallback at {HERE}:{LINE + 6} "
+                            "(runs eagerly on CPU: no XLA lowering)"]
     last = report.fx_graphs[3]
     assert last.ops == ["sub", "view", "interpolate", "sum", "sum", "add"]
     assert last.compiled.partition == {"sub": 0, "view": 0, AA[5:]: 1, "sum_1": 1, "sum_2": 1, "add": 1}
@@ -155,7 +156,7 @@ def test_fx_graphs_group_nodes_by_module_and_draw_as_the_step_view_does():
     graph = tabs.children[0].data
     assert [g["name"] for g in graph["groups"]][:3] == ["", "encoder", "encoder.0"]
     assert {i["title"] for i in graph["items"] if i["kind"] == "node"} == {"%0 linear", "%1 relu", "%2 linear", "%3 relu"}
-    compiled = breaks_view.by_executable(before)
+    compiled = breaks_view.by_executable(before.compiled)
     assert {n.module.split(".")[0] for n in compiled.nodes} == {"executable 0"}
 
 

@@ -2,9 +2,12 @@
 
 `explain(fn, *args)` RUNS `fn` once per path (Dynamo FX, Dynamo -> xlakit,
 lazy xlakit, and torch_xla's LazyTensor and openxla paths when torch_xla is
-installed). Modules and tensors are copied for each path, so the caller's
-objects are not changed; other side effects of `fn` (printing, globals) happen
-once per path.
+installed). `fn` if a module, and the tensors, modules and optimizers among its
+arguments, are copied for each path, so the caller's objects are not changed;
+other side effects of `fn` (printing, globals, a model it closes over) happen
+once per path. Where a tensor or module is on xlakit's device, the Dynamo paths
+run on the device as the user's `torch.compile` would (parameters resident, each
+FX graph one executable on the device buffers); otherwise on the host.
 
 Each of Dynamo's breaks is kept with what explains it: the source around its
 line, Dynamo's own type, code, explanation and hints (dynamo_reasons.py), the
@@ -19,7 +22,7 @@ import linecache
 import logging
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_flatten, tree_map_only
 
 from .. import session
 from ..core import module_paths, sources
@@ -47,6 +50,7 @@ class FxGraph:
     index: int
     graph: GraphInfo                             # torch-level ops, each with its module path and source line
     compiled: dynamo.CompiledGraph | None        # executables, HLO splits, the aten graph by executable
+    backward: dynamo.CompiledGraph | None = None  # the same of its backward, where one ran
 
     @property
     def ops(self) -> list[str]:
@@ -70,12 +74,17 @@ class GraphBreak:
         return sources.short(self.where) or "?"
 
 
+NOTE = "explain() ran the function once per path (on copies of its module and inputs)."
+DEVICE_NOTE = ("explain() ran the function once per path (on copies of its module and inputs, "
+               "the Dynamo paths on xlakit's device, where the inputs live).")
+
+
 @dataclasses.dataclass
 class BreakReport:
     paths: list[PathReport]
     fx_graphs: list[FxGraph]
     breaks: list[GraphBreak]
-    note: str = "explain() ran the function once per path (on copies of its module and inputs)."
+    note: str = NOTE
 
     def path(self, name: str) -> PathReport:
         return next(p for p in self.paths if p.path == name)
@@ -103,35 +112,61 @@ def between(b: GraphBreak) -> str:
 
 
 def _executables(g: FxGraph) -> str:
-    if g.compiled is None or g.compiled.executables <= 1:
-        return ""
-    return f" (xlakit: {g.compiled.executables} executables, split at {', '.join(s.node for s in g.compiled.splits)})"
+    return "".join(f" (xlakit{side}: {c.executables} executables, split at {', '.join(s.node for s in c.splits)})"
+                   for side, c in (("", g.compiled), (", backward", g.backward)) if c is not None and c.executables > 1)
 
 
 def explain(fn, *args, **kwargs) -> BreakReport:
     install.install()
-    fx, captured, breaks = _dynamo_fx(fn, args, kwargs)
-    compiled, compiled_graphs = _dynamo_xlakit(fn, args, kwargs)
+    torch_xla = _torch_xla_with_device()  # before the other paths' backward(), if fn runs one
+    home = _home(fn, args, kwargs)
+    fx, captured, breaks = _dynamo_fx(fn, args, kwargs, home)
+    compiled, compiled_graphs = _dynamo_xlakit(fn, args, kwargs, home)
     paths = [fx, compiled, _lazy_xlakit(fn, args, kwargs)]
-    paths += _torch_xla_paths(fn, args, kwargs)
-    # both runs trace the same code with the same Dynamo: the same graphs, in the same order
-    matched = compiled_graphs if len(compiled_graphs) == len(captured) else [None] * len(captured)
-    fx_graphs = [FxGraph(i, _graph_info(gm), c) for i, (gm, c) in enumerate(zip(captured, matched))]
-    return BreakReport(paths=paths, fx_graphs=fx_graphs, breaks=breaks)
+    paths += _torch_xla_paths(fn, args, kwargs, torch_xla) if torch_xla is not None else []
+    # both runs trace the same code with the same Dynamo: the same graphs, in the same order,
+    # each compiled as AOTAutograd's forward and, where a backward ran, its backward
+    forwards = [c for c in compiled_graphs if c.forward]
+    matched = forwards if len(forwards) == len(captured) else [None] * len(captured)
+    backward = {c.compile_id: c for c in compiled_graphs if not c.forward}
+    fx_graphs = [FxGraph(i, _graph_info(gm), c, backward.get(c.compile_id) if c else None)
+                 for i, (gm, c) in enumerate(zip(captured, matched))]
+    return BreakReport(paths=paths, fx_graphs=fx_graphs, breaks=breaks, note=DEVICE_NOTE if home == DEVICE else NOTE)
+
+
+_COPIED = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
+
+
+def _home(fn, args, kwargs) -> torch.device:
+    """xlakit's device where a tensor argument, or a parameter or buffer of fn or of a
+    module argument, is on it; else the host."""
+    tensors = []
+    for value in tree_flatten((fn, args, kwargs))[0]:
+        if isinstance(value, torch.nn.Module):
+            tensors += [*value.parameters(), *value.buffers()]
+        elif isinstance(value, torch.Tensor):
+            tensors.append(value)
+    return DEVICE if any(t.device == DEVICE for t in tensors) else torch.device("cpu")
 
 
 def _moved(fn, args, kwargs, device):
-    """Copies of fn (if a module) and of the tensor arguments, on `device`."""
-    if isinstance(fn, torch.nn.Module):
-        fn = copy.deepcopy(fn).to(device)
-    moved = tree_map_only(torch.Tensor, lambda t: t.detach().clone().to(device).requires_grad_(t.requires_grad),
-                          (args, kwargs))
-    return fn, *moved
+    """Copies of fn (if a module) and of the tensors, modules and optimizers among the
+    arguments, on `device`; copied with one memo, so that an optimizer's parameters are
+    its copied module's."""
+    memo: dict = {}
+
+    def copied(value):
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone().to(device).requires_grad_(value.requires_grad)
+        value = copy.deepcopy(value, memo)
+        return value.to(device) if isinstance(value, torch.nn.Module) else value
+
+    return (copied(fn) if isinstance(fn, torch.nn.Module) else fn), *tree_map_only(_COPIED, copied, (args, kwargs))
 
 
-def _dynamo_fx(fn, args, kwargs):
+def _dynamo_fx(fn, args, kwargs, home):
     torch._dynamo.reset()
-    f, a, k = _moved(fn, args, kwargs, "cpu")
+    f, a, k = _moved(fn, args, kwargs, home)
     out = torch._dynamo.explain(f)(*a, **k)
     breaks, why = [], []
     for before, gm in enumerate(out.graphs):
@@ -216,13 +251,17 @@ def _args_text(node: torch.fx.Node, width: int = 160) -> str:
     return shown if len(shown) <= width else shown[: width - 1] + "…"
 
 
-def _dynamo_xlakit(fn, args, kwargs):
+def _dynamo_xlakit(fn, args, kwargs, home):
     torch._dynamo.reset()
-    f, a, k = _moved(fn, args, kwargs, "cpu")
+    f, a, k = _moved(fn, args, kwargs, home)
     with session.capture() as steps, dynamo.compiled_graphs() as graphs:
         torch.compile(f, backend="xlakit")(*a, **k)
-    why = [f"FX graph {i}: {s.op} ({s.node}) {s.reason} at {sources.describe(s.source) or '?'}"
-           for i, g in enumerate(graphs) for s in g.splits]
+    numbers: dict[str, int] = {}  # Dynamo's compile id -> the FX graph's number, in the order captured
+    for g in graphs:
+        if g.forward:
+            numbers.setdefault(g.compile_id, len(numbers))
+    why = [f"FX graph {numbers.get(g.compile_id, '?')}{'' if g.forward else ' (backward)'}: {s.op} ({s.node}) "
+           f"{s.reason} at {sources.describe(s.source) or '?'} ({s.why})" for g in graphs for s in g.splits]
     return PathReport("Dynamo -> HLO (xlakit backend)", len(steps), sum(len(g.splits) for g in graphs), why), graphs
 
 
@@ -237,11 +276,24 @@ def _lazy_xlakit(fn, args, kwargs):
     return PathReport("Lazy (xlakit engine)", len(records), len(implicit), why)
 
 
-def _torch_xla_paths(fn, args, kwargs) -> list[PathReport]:
+# PyTorch's autograd engine counts each kind's devices at its first backward(): a torch_xla
+# device made after that fails torch_xla's backward() with an internal assert naming this
+_LATE_DEVICE = "device_ready_queues_"
+LATE_DEVICE_WHY = ("not run: a backward() ran in this process before torch_xla made its device; import torch_xla "
+                   "and call torch_xla.device() before the first backward()")
+
+
+def _torch_xla_with_device():
+    """torch_xla with its device made, or None where it is not installed."""
     try:
         torch_xla = _import_torch_xla()
     except ImportError:
-        return []
+        return None
+    torch_xla.device()
+    return torch_xla
+
+
+def _torch_xla_paths(fn, args, kwargs, torch_xla) -> list[PathReport]:
     from . import torch_xla as adapter
 
     reports = []
@@ -251,7 +303,13 @@ def _torch_xla_paths(fn, args, kwargs) -> list[PathReport]:
         f, a, k = _moved(fn, args, kwargs, torch_xla.device())
         before = adapter.execution_count()
         counters = adapter.fallback_counts()
-        out = compile_fn(f)(*a, **k)
+        try:
+            out = compile_fn(f)(*a, **k)
+        except RuntimeError as e:
+            if _LATE_DEVICE not in str(e):
+                raise
+            reports.append(PathReport(name, 0, 0, [LATE_DEVICE_WHY]))
+            continue
         torch_xla.sync()
         del out
         executions = _increase(before, adapter.execution_count())

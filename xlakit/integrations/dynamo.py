@@ -26,6 +26,7 @@ import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from ..core import module_paths, sources, transfer
 from ..core.ir import Aval, DeviceData, Source
@@ -34,7 +35,8 @@ from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import dynamo_frames, install
-from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, unwrap, wrap
+from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap, wrap
+from ..lowerings import verdicts
 
 
 @dataclasses.dataclass
@@ -43,8 +45,9 @@ class Split:
 
     node: str
     op: str
-    reason: str
+    reason: str                      # the execution's trigger: "fallback", "item"
     source: Source | None
+    why: str                         # what kept the node out of the graph's executable, in words
 
 
 @dataclasses.dataclass
@@ -57,6 +60,8 @@ class CompiledGraph:
     splits: list[Split]
     partition: dict[str, int]        # FX node name -> executable number it went to
     replays: bool                    # later calls replay one executable
+    forward: bool                    # AOTAutograd's forward graph, or the backward of one
+    compile_id: str                  # Dynamo's ("1/0"), shared by a forward and its backward
     graph: GraphInfo | None = None   # the FX graph, drawable: inputs, nodes by executable, splits marked
 
 
@@ -154,7 +159,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
     install.install()
     dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
-                           executables=0, splits=[], partition={}, replays=False)
+                           executables=0, splits=[], partition={}, replays=False, forward=forward,
+                           compile_id=str(torch._guards.CompileContext.current_compile_id()))
     for graphs in _OPEN:
         graphs.append(record)
     # per input signature, the replay; a graph Dynamo made dynamic takes its sizes and ints
@@ -231,6 +237,7 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     (entry, graph), the placeholders' device data, and each output's pending
     value before that execution. `reason`: why Dynamo recompiled, put first in
     the `why` of the execution's record when its executable is new."""
+    record.splits.clear()  # a graph traced at every call: its latest trace's splits, not one more copy per call
     lazy_inputs = [_to_lazy(t) for t in inputs]
     placeholder_data = [t._state.data if isinstance(t, LazyTensor) else None for t in lazy_inputs]
     env: dict = {}
@@ -251,7 +258,8 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
                 # a factory on the device makes a user's tensor: its LazyTensor goes on
                 env[node.name] = _to_lazy(value) if isinstance(value, torch.Tensor) else value
                 if len(steps) > executions_before:  # this node forced an execution: a split
-                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source))
+                    record.splits.append(Split(node.name, str(node.target), steps[-1].trigger, source,
+                                               _split_why(node, steps[-1].trigger)))
                 record.partition[node.name] = len(steps)
             elif node.op == "get_attr":
                 env[node.name] = _to_lazy(getattr(gm, node.target))
@@ -269,6 +277,21 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
+
+
+def _split_why(node: torch.fx.Node, trigger: Trigger) -> str:
+    """Why an FX node could not join its graph's executable: 'its output's shape depends
+    on the data ...', 'runs eagerly on CPU: no XLA lowering'."""
+    if trigger == Trigger.ITEM:
+        return "reads a tensor's value into Python, so the values before it are computed first"
+    if trigger != Trigger.FALLBACK:
+        return str(trigger)
+    if free_unbacked_symbols(node.meta.get("val")):  # Dynamo's size for it is unknown until it runs
+        return "its output's shape depends on the data and XLA compiles static shapes: runs eagerly on CPU"
+    info = op_info(node.target)
+    if not info.lowerable:
+        return f"runs eagerly on CPU: {info.eager_reason}"
+    return "runs eagerly on CPU" + (": its XLA lowering failed" if id(node.target) in verdicts.FAILED else "")
 
 
 def _fx_graph_info(gm: torch.fx.GraphModule, record: CompiledGraph) -> GraphInfo:

@@ -18,6 +18,7 @@ from ..core import sources
 from ..core.record import GraphInfo
 from ..integrations import breaks
 from ..integrations.breaks import BreakReport, FxGraph, GraphBreak
+from ..integrations.dynamo import CompiledGraph
 from . import graph_dot, graph_model
 from .render import STYLE
 from .views import Displayed
@@ -42,14 +43,13 @@ class BreakView(BreakReport, Displayed):
 
     # -- static HTML ------------------------------------------------------------------
     def _repr_html_(self) -> str:
-        svgs: dict[tuple[int, bool], str] = {}  # (FX graph, compiled): its SVG, drawn once for the page
+        svgs: dict[tuple[int, str], str] = {}  # (FX graph, drawing): its SVG, drawn once for the page
 
         def graph_html(g: FxGraph, side: str = "") -> str:
             name = f"FX graph {g.index}" + (f" ({side} the break)" if side else "")
-            parts = [f"<h4>{name}: {DYNAMO_TITLE}</h4>", _svg(svgs, g, compiled=False)]
-            if g.compiled is not None:
-                parts += [f"<h4>{name}: {COMPILED_TITLE}</h4>", splits_html(g),
-                          _svg(svgs, g, compiled=True)]
+            parts = [f"<h4>{name}: {DYNAMO_TITLE}</h4>", _svg(svgs, g, None)]
+            for which, c in _compiled(g):
+                parts += [f"<h4>{name}{which}: {COMPILED_TITLE}</h4>", splits_html(c), _svg(svgs, g, which)]
             return f"<div>{''.join(parts)}</div>"
 
         rows = "".join(
@@ -80,9 +80,9 @@ class BreakView(BreakReport, Displayed):
                 g = self.fx_graphs[i]
                 children.append(_graph_widget(g.graph))
                 titles.append(f"graph {g.index}" + (f", {side}" if side else ""))  # a tab shows some 18 characters
-                if g.compiled is not None:
-                    children.append(ipywidgets.VBox([_html(splits_html(g)), _graph_widget(by_executable(g))]))
-                    titles.append(f"graph {g.index} in HLO")
+                for which, c in _compiled(g):
+                    children.append(ipywidgets.VBox([_html(splits_html(c)), _graph_widget(by_executable(c))]))
+                    titles.append(f"graph {g.index}{which} in HLO")
             return _titled(ipywidgets.Tab(children=children), titles)
 
         table = _html(BREAK_STYLE + self._table_html(), style=True)
@@ -105,12 +105,12 @@ def explain(fn, *args, **kwargs) -> BreakView:
     return BreakView.of(breaks.explain(fn, *args, **kwargs))
 
 
-def by_executable(g: FxGraph) -> GraphInfo:
+def by_executable(c: CompiledGraph) -> GraphInfo:
     """The aten graph xlakit compiled, each node grouped under the executable it
     went to ("executable 1"), then under its module path where it has one."""
     nodes = tuple(dataclasses.replace(n, module=f"executable {n.partition or 0}" + (f".{n.module}" if n.module else ""))
-                  for n in g.compiled.graph.nodes)
-    return dataclasses.replace(g.compiled.graph, nodes=nodes)
+                  for n in c.graph.nodes)
+    return dataclasses.replace(c.graph, nodes=nodes)
 
 
 def reason_html(b: GraphBreak) -> str:
@@ -132,20 +132,24 @@ def source_html(b: GraphBreak) -> str:
     return f"<div>at {html.escape(b.at)} in {html.escape(b.where.function)}</div><pre class='xlakit-source'>{lines}</pre>"
 
 
-def splits_html(g: FxGraph) -> str:
-    """Per executable of the FX graph: its FX nodes, and what ended it."""
-    c = g.compiled
+def splits_html(c: CompiledGraph) -> str:
+    """Per executable of a compiled FX graph: its FX nodes, and what ended it."""
     cut_by = {c.partition.get(s.node): s for s in c.splits}  # a split node runs first in the executable after it
     rows = []
     for k in range(max(c.executables, 1)):
         names = [name for name, p in c.partition.items() if p == k]
         split = cut_by.get(k + 1)
-        ended = (f"{split.reason} at {sources.describe(split.source) or '?'}: {split.op} ({split.node})"
+        ended = (f"{split.reason} at {sources.describe(split.source) or '?'}: {split.op} ({split.node}): {split.why}"
                  if split is not None else "the graph's outputs")
         shown = ", ".join(names[:12]) + (f" ... ({len(names)})" if len(names) > 12 else "")
         rows.append(f"<tr><td>{k}</td><td>{html.escape(shown)}</td><td>{html.escape(ended)}</td></tr>")
     return ("<table class='xlakit-splits'><tr><th>executable</th><th>FX nodes</th><th>ended by</th></tr>"
             f"{''.join(rows)}</table>")
+
+
+def _compiled(g: FxGraph) -> list[tuple[str, CompiledGraph]]:
+    """What xlakit compiled of an FX graph: ("", its forward) and (" backward", its backward), where run."""
+    return [(which, c) for which, c in (("", g.compiled), (" backward", g.backward)) if c is not None]
 
 
 def _sides(b: GraphBreak) -> list[tuple[int, str]]:
@@ -158,18 +162,22 @@ def _row_title(b: GraphBreak) -> str:
 
 
 def _graph_title(g: FxGraph) -> str:
-    return f"FX graph {g.index}: {len(g.graph.nodes)} ops" + (f", {_executables(g)}" if g.compiled else "")
+    return f"FX graph {g.index}: {len(g.graph.nodes)} ops" + "".join(
+        f",{which} {_executables(c)}" for which, c in _compiled(g))
 
 
-def _executables(g: FxGraph) -> str:
-    n = g.compiled.executables
-    return f"{n} executable{'s' if n != 1 else ''}, {len(g.compiled.splits)} HLO split{'s' if len(g.compiled.splits) != 1 else ''}"
+def _executables(c: CompiledGraph) -> str:
+    n = c.executables
+    return f"{n} executable{'s' if n != 1 else ''}, {len(c.splits)} HLO split{'s' if len(c.splits) != 1 else ''}"
 
 
-def _svg(svgs: dict, g: FxGraph, compiled: bool) -> str:
-    key = (g.index, compiled)
+def _svg(svgs: dict, g: FxGraph, which: str | None) -> str:
+    """The SVG of an FX graph as Dynamo captured it (which=None), or of what xlakit
+    compiled of it (which: "" its forward, " backward")."""
+    key = (g.index, which)
     if key not in svgs:
-        graph = by_executable(g) if compiled else g.graph
+        compiled = dict(_compiled(g)).get(which) if which is not None else None
+        graph = by_executable(compiled) if compiled is not None else g.graph
         svgs[key] = f"<div class='graph'>{graph_dot.to_svg(graph_model.build(graph), graph)}</div>"
     return svgs[key]
 
