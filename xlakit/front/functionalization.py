@@ -72,9 +72,16 @@ def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
 def _lift_fresh_functionalize(t):
     """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
     makes a view of a temporary: in-place ops on the result would then update a
-    hidden base. A freshly made lazy tensor is its own base."""
+    hidden base. A freshly made lazy tensor is its own base. Any other tensor is
+    lifted as torch's own kernel lifts it, below Functionalize first: under
+    torch.compile that is where FakeTensorMode turns torch.tensor's host constant
+    into a fake one (wrapped as it was, the real constant reached the fake mode
+    at its move to the device, and AOTAutograd failed on a transformers
+    DynamicCache's torch.tensor([], device=...))."""
     if torch._is_functional_tensor(t):
         return t if t.device.type == "lazy" else t.view_as(t)
+    with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+        t = aten.lift_fresh.default(t)
     return torch._to_functional_tensor(t)
 
 
