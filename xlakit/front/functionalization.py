@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..core import sources, transfer
 from ..core.record import Trigger
@@ -378,8 +379,9 @@ def _one_hot(self, num_classes=-1):
     """one_hot's composite reads the classes' min and max back to check them
     (two syncs per call) on devices it does not know; recorded as one node,
     its lowering checks them in the step's executable. With num_classes=-1
-    the shape depends on the data: the composite, as in eager."""
-    if num_classes < 0:
+    the shape depends on the data: the composite, as in eager; and on torch.compile's
+    fake tensors (they say they are on the lazy device too), as on any other device."""
+    if num_classes < 0 or is_fake(self):
         return aten.one_hot.default.decompose(self, num_classes)
     functional = torch._is_functional_tensor(self)
     out = dispatch(aten.one_hot.default, (unwrap(self),), {"num_classes": num_classes})
