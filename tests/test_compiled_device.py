@@ -158,8 +158,8 @@ class _Logits(torch.nn.Module):
         self.model = model
 
     def forward(self, ids):
-        # no cache: its lazy initialization, torch.tensor([], device=...), cannot be faked on this device
-        return self.model(input_ids=ids, use_cache=False).logits
+        # the call a user writes: config.use_cache makes it build a DynamicCache, in training too
+        return self.model(input_ids=ids).logits
 
 
 MODELS = {"mlp": mlp, "cnn": cnn, "gpt2": gpt2}
@@ -284,15 +284,20 @@ def test_a_compiled_forward_on_pending_lazy_values_matches_eager(dev):
         assert_same(got.detach(), eager(x * step).detach(), **TOL)
 
 
-def test_static_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
+def _generating_gpt2(dev):
+    """(eager GPT-2, its copy on the device) from seed 0: tests/test_generation.py's model,
+    weights wide enough that the tokens vary."""
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()
-    # tests/test_generation.py's model: weights wide enough that the tokens vary
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64,
                                      bos_token_id=99, eos_token_id=99, initializer_range=0.2)
     torch.manual_seed(0)
     eager = transformers.GPT2LMHeadModel(config).eval()
-    model = copy.deepcopy(eager).to(dev)
+    return eager, copy.deepcopy(eager).to(dev)
+
+
+def test_static_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
+    eager, model = _generating_gpt2(dev)
     model.forward = torch.compile(model.forward, backend="xlakit")
     ids = torch.tensor([[5, 17, 42, 8]])
     kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
@@ -304,6 +309,55 @@ def test_static_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
     # caches of both layers in their donated buffers
     decodes = [r for r in steps if r.trigger == "compiled"]
     assert len(decodes) >= 3 and all(len(r.donated) >= 4 for r in decodes), decodes
+
+
+def _assert_same_cache(got, want):
+    """Two transformers DynamicCaches hold the same keys and values, layer by layer."""
+    assert len(got.layers) == len(want.layers)
+    for mine, eagers in zip(got.layers, want.layers):
+        assert_same(mine.keys, eagers.keys, **TOL)
+        assert_same(mine.values, eagers.values, **TOL)
+
+
+def test_a_compiled_forward_with_the_dynamic_cache_matches_eager(dev):
+    # the cache's layers start empty, torch.tensor([], device=...) inside the compiled graph:
+    # AOTAutograd failed on it (xlakit's lift_fresh kernel lifted the host constant past the fake mode)
+    eager, model = _generating_gpt2(dev)
+    compiled = torch.compile(model, backend="xlakit")
+    prompt, next_ids = torch.tensor([[5, 17, 42, 8]]), torch.tensor([[60]])
+    with dynamo_log() as log, torch.no_grad():
+        got = compiled(input_ids=prompt.to(dev), use_cache=True)
+        want = eager(input_ids=prompt, use_cache=True)
+        assert_same(got.logits, want.logits, **TOL)
+        _assert_same_cache(got.past_key_values, want.past_key_values)
+        # a decode step on the cache the compiled prefill returned, which it extends
+        got = compiled(input_ids=next_ids.to(dev), past_key_values=got.past_key_values, use_cache=True)
+        want = eager(input_ids=next_ids, past_key_values=want.past_key_values, use_cache=True)
+    assert_same(got.logits, want.logits, **TOL)
+    _assert_same_cache(got.past_key_values, want.past_key_values)
+    assert got.past_key_values.get_seq_length() == 5
+    assert log.xlakit_frames() == {} and not _failures(log)
+
+
+def test_dynamic_cache_generate_with_a_compiled_forward_gives_eagers_tokens(dev):
+    eager, model = _generating_gpt2(dev)
+    model.forward = torch.compile(model.forward, backend="xlakit")
+    ids = torch.tensor([[5, 17, 42, 8]])
+    kwargs = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)  # the default cache: DynamicCache
+    with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        got = model.generate(ids.to(dev), **kwargs).cpu()
+    assert got.tolist() == eager.generate(ids, **kwargs).tolist()
+    assert log.xlakit_frames() == {} and not _failures(log)
+    # every graph, the prefill's and the decode steps', ran as one executable, then replayed
+    assert graphs and all(g.executables == 1 and not g.splits and g.replays for g in graphs), graphs
+
+
+def test_a_host_constant_in_a_graph_compiled_by_another_backend_is_faked(dev):
+    # xlakit's lift_fresh kernel serves every device: with xlakit installed, torch.tensor(...)
+    # on the host inside any AOTAutograd graph reached the fake mode as a real tensor
+    x = torch.randn(3)
+    compiled = torch.compile(lambda x: x + torch.tensor([1.0, 2.0, 3.0]), backend="aot_eager")
+    assert torch.equal(compiled(x), x + torch.tensor([1.0, 2.0, 3.0]))
 
 
 def _draws_and_more(x):

@@ -141,3 +141,22 @@ def test_flops_are_the_groups_products_whatever_their_sizes(dev):
     graph = xlakit.last_step().graph
     counted = [flops.node_flops(graph, n) for n in graph.nodes if "_grouped_mm" in n.op]
     assert counted == [2 * M * K * N] * 3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_transformers_grouped_mm_ops_equal_their_own_kernels(dev, dtype):
+    # what transformers' MoE layers call under torch.compile for weights not in bfloat16 (and
+    # its backward): lowered, not run eagerly; rows past the last group's end and an empty
+    # group's gradient are zero, as the ops' own loops leave them
+    moe = pytest.importorskip("transformers.integrations.moe")  # noqa: F841 - defines the ops
+    ops = torch.ops.transformers
+    a, b, offs = _case("2d_3d", dtype, seed=5)
+    offs[-1] = M - 3
+    grad = torch.randn(M, N, dtype=dtype)
+    with xlakit.capture() as steps:
+        got = ops.grouped_mm_fallback(a.to(dev), b.to(dev), offs.to(dev))
+        grads = ops.grouped_mm_fallback_backward(a.to(dev), b.to(dev), offs.to(dev), grad.to(dev))
+        assert_same(got, ops.grouped_mm_fallback(a, b, offs), **TOL[dtype])
+        for mine, eagers in zip(grads, ops.grouped_mm_fallback_backward(a, b, offs, grad)):
+            assert_same(mine, eagers, **TOL[dtype])
+    assert steps and all(str(r.trigger) == "cpu" for r in steps)  # the reads; no eager fallback

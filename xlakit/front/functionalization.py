@@ -8,6 +8,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from ..core import sources, transfer
 from ..core.record import Trigger
@@ -72,9 +73,16 @@ def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
 def _lift_fresh_functionalize(t):
     """torch.tensor(..., device=lazy) ends in lift_fresh, which functionalization
     makes a view of a temporary: in-place ops on the result would then update a
-    hidden base. A freshly made lazy tensor is its own base."""
+    hidden base. A freshly made lazy tensor is its own base. Any other tensor is
+    lifted as torch's own kernel lifts it, below Functionalize first: under
+    torch.compile that is where FakeTensorMode turns torch.tensor's host constant
+    into a fake one (wrapped as it was, the real constant reached the fake mode
+    at its move to the device, and AOTAutograd failed on a transformers
+    DynamicCache's torch.tensor([], device=...))."""
     if torch._is_functional_tensor(t):
         return t if t.device.type == "lazy" else t.view_as(t)
+    with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+        t = aten.lift_fresh.default(t)
     return torch._to_functional_tensor(t)
 
 
@@ -371,8 +379,9 @@ def _one_hot(self, num_classes=-1):
     """one_hot's composite reads the classes' min and max back to check them
     (two syncs per call) on devices it does not know; recorded as one node,
     its lowering checks them in the step's executable. With num_classes=-1
-    the shape depends on the data: the composite, as in eager."""
-    if num_classes < 0:
+    the shape depends on the data: the composite, as in eager; and on torch.compile's
+    fake tensors (they say they are on the lazy device too), as on any other device."""
+    if num_classes < 0 or is_fake(self):
         return aten.one_hot.default.decompose(self, num_classes)
     functional = torch._is_functional_tensor(self)
     out = dispatch(aten.one_hot.default, (unwrap(self),), {"num_classes": num_classes})

@@ -24,6 +24,13 @@ torch's meta kernel for `_grouped_mm` is the CUDA kernel's (bfloat16 only, with
 which checks what eager CPU checks (float32, bfloat16 and float16; out_dtype, if
 given, the inputs' dtype; no bias) and not the alignment, which no XLA
 buffer needs. float16 and bfloat16 products accumulate in float32, as eager's.
+
+Under torch.compile, transformers' mixture-of-experts layers call their own custom op
+for weights not in bfloat16 (inductor compiles `_grouped_mm` for bfloat16 only):
+`transformers::grouped_mm_fallback`, a loop of `mm`s over the groups the (M, K) x
+(G, K, N) layout makes, and its backward op. They are these products, lowered so:
+left to eager CPU, each split a compiled MoE graph in two. Their shapes come from
+transformers' own fake kernels.
 """
 from __future__ import annotations
 
@@ -95,3 +102,18 @@ def grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
         return lax.ragged_dot_general(self, mat2, _group_sizes(offs, self.shape[1]), numbers)
     # columns of mat2 grouped: transposed, they are the ragged rows of mat2.T times self[g].T
     return lax.ragged_dot(mat2.T, jnp.swapaxes(self, 1, 2), _group_sizes(offs, mat2.shape[1])).T
+
+
+@lowers("transformers::grouped_mm_fallback")
+def transformers_grouped_mm(input, weight, offs):
+    """Rows [offs[g-1], offs[g]) of input times weight[g]; rows past offs[-1] zero (as the op's)."""
+    return grouped_mm(input, weight, offs)
+
+
+@lowers("transformers::grouped_mm_fallback_backward")
+def transformers_grouped_mm_backward(input, weight, offs, grad_output):
+    """The input's gradient (each group's rows of grad_output times weight[g].T) and the
+    weights' (each group's rows of input, transposed, times those of grad_output); zero
+    for a group with no rows, as the op's."""
+    return (grouped_mm(grad_output, jnp.swapaxes(weight, 1, 2), offs),
+            grouped_mm(input.T, grad_output, offs))
