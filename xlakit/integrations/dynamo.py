@@ -215,6 +215,7 @@ def _compute_pending(values) -> None:
     pending = [value for value in values if value is not None]
     for value in pending:
         value.resolve()
+    compiled.fill_constants(pending)
     pending = [value for value in pending if value.node is not None]
     if pending:
         current().sync(pending, trigger=Trigger.DYNAMO)
