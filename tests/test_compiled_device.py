@@ -199,6 +199,28 @@ def test_compiled_inference_matches_eager(dev, name):
     assert not _failures(log)
 
 
+def _update_and_alias(x, y):
+    y.add_(1)            # an input updated in place
+    return x.t(), x * y  # a view of an input
+
+
+def test_compiled_inference_that_updates_or_aliases_an_input_matches_eager(dev):
+    # an inference graph is called without AOTAutograd's runtime wrappers only where they
+    # would do nothing: here they copy y's new value in and make the view of x
+    compiled = torch.compile(_update_and_alias, backend="xlakit")
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    xd, yd = x.to(dev), y.to(dev)
+    with torch.no_grad():
+        for _ in range(3):
+            got, want = compiled(xd, yd), _update_and_alias(x, y)
+            assert_same(got[0], want[0])
+            assert_same(got[1], want[1], **TOL)
+            assert_same(yd, y)
+    xd.mul_(2)  # the view sees its base's update, as eager's does
+    x.mul_(2)
+    assert_same(got[0], want[0])
+
+
 def _failures(log: DynamoLog) -> list[str]:
     """Dynamo's messages that it could not fake a tensor or gave up recompiling (not its
     TRACE lines, which quote the traced source)."""
