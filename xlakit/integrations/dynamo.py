@@ -93,13 +93,15 @@ class _Replay:
     input position (passed through), or None. donating: the same executable with
     the buffers of the inputs the graph updates in place donated, and `donors`,
     its parameter positions -> placeholder positions (engine/compiled.py).
-    draws: every random draw of the traced graph, in the order drawn.
+    draws: every random draw of the traced graph, in the order drawn. to_host: the outputs that
+    AOTAutograd copies into a host input (an optimizer's step count): returned on the host,
+    so that copy is a host one, not a read of a new device tensor.
     """
 
     def __init__(self, entry, param_sources: list, outputs: list, draws: list, donating=None,
-                 donors: dict | None = None):
+                 donors: dict | None = None, to_host: frozenset = frozenset()):
         self.entry, self.param_sources, self.outputs, self.draws = entry, param_sources, outputs, draws
-        self.donating, self.donors = donating, donors or {}
+        self.donating, self.donors, self.to_host = donating, donors or {}, to_host
 
     def __call__(self, inputs: list, values: list):
         """`values`: per input, the LiveValue behind it where it is on the device (else None)."""
@@ -114,7 +116,8 @@ class _Replay:
         results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
         on_device = any(v is not None for v in values)
         return [out if out is None else inputs[out] if isinstance(out, int)
-                else _wrap_output(results[out[0]], out[1], on_device) for out in self.outputs]
+                else _wrap_output(results[out[0]], out[1], on_device and k not in self.to_host)
+                for k, out in enumerate(self.outputs)]
 
     def _donated(self, values: list) -> dict:
         """The buffers to donate at this call: all of the updated inputs', or none when
@@ -179,7 +182,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
         if execution is not None and record.executables == 1 and not record.splits and None not in draws:
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
-                                                                         for i in updated], draws)
+                                                                         for i in updated], draws,
+                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device))
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
@@ -347,11 +351,12 @@ def _pending_or_data(o):
     return (state.node, state.index, state.aval) if state.node is not None else state.data
 
 
-def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: list) -> _Replay | None:
+def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: list,
+          to_host: frozenset) -> _Replay | None:
     """How to replay `entry` on new inputs, or None when an output is not one
     of its results (an input passed through, or a value computed earlier).
     `updated`: per first output, the device input it updates in place (_updated_inputs);
-    `draws`: the graph's random draws (front/recorder.py draws_logged)."""
+    `draws`: the graph's random draws (front/recorder.py draws_logged); `to_host`: _Replay's."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
     redrawn = {id(data): _Draw(draw) for data, draw in draws}
     sources = []
@@ -375,9 +380,9 @@ def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: l
               if i is not None and i in parameter_of and isinstance(out, tuple)
               and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
     if not donors:
-        return _Replay(entry, sources, outputs, list(redrawn.values()))
+        return _Replay(entry, sources, outputs, list(redrawn.values()), to_host=to_host)
     donating = compiled.donating(current(), graph, tuple(sorted(donors)))
-    return _Replay(entry, sources, outputs, list(redrawn.values()), donating, donors)
+    return _Replay(entry, sources, outputs, list(redrawn.values()), donating, donors, to_host)
 
 
 def _flatten(value):
