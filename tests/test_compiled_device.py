@@ -221,6 +221,27 @@ def test_compiled_inference_that_updates_or_aliases_an_input_matches_eager(dev):
     assert_same(got[0], want[0])
 
 
+def _accumulate(x, total):
+    total.add_(x)  # an input updated in place
+    return total * 2
+
+
+def test_compiled_inference_that_updates_an_input_matches_eager(dev):
+    # called without AOTAutograd's runtime wrappers: xlakit gives the input its new value
+    compiled = torch.compile(_accumulate, backend="xlakit")
+    x, total = torch.randn(3, 4), torch.zeros(3, 4)
+    xd, totald = x.to(dev), total.to(dev)
+    row, eager_row = totald[1], total[1]  # a view of the input sees each update, as eager's
+    versions = totald._version, total._version
+    for _ in range(3):  # grad on: the graph, an inference one (nothing needs grad), runs with it off
+        got, want = compiled(xd, totald), _accumulate(x, total)
+        assert_same(got, want, **TOL)
+        assert_same(totald, total, **TOL)
+        assert_same(row, eager_row, **TOL)
+    # counted as eager's in-place update is: autograd sees a saved tensor was changed
+    assert totald._version - versions[0] == total._version - versions[1] == 3
+
+
 def _failures(log: DynamoLog) -> list[str]:
     """Dynamo's messages that it could not fake a tensor or gave up recompiling (not its
     TRACE lines, which quote the traced source)."""
