@@ -418,19 +418,22 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     (_copy_in): ~10 µs less per call, and an optimizer step's dozens of copy_ less."""
     direct = []
 
+    # the tensors the graph module holds (an optimizer's parameters and state), which
+    # AOTAutograd passes before Dynamo's inputs, as aot_module_simplified lists them
+    held = (*dict(gm.named_parameters(remove_duplicate=False)).values(),
+            *dict(gm.named_buffers(remove_duplicate=False)).values())
+
     def inference(fx, inputs):
         run = _compile_fx(fx, inputs, forward=True)
-        updated = _plain_inference(fx, len(example_inputs))
+        updated = _plain_inference(fx, len(held) + len(example_inputs))
         if updated is not None:
             direct.append((run, updated))
         return make_boxed_func(run)
 
     compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False), inference_compiler=inference)(
         gm, example_inputs)
-    # inputs in lists (AOTAutograd flattens them) or the graph's own parameters (it prepends
-    # them) reach the graph otherwise than Dynamo passes them
-    if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs) or \
-            next(gm.parameters(), None) is not None or next(gm.buffers(), None) is not None:
+    # inputs in lists reach the graph flattened by AOTAutograd
+    if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return compiled
     (run, updated), = direct
 
@@ -438,6 +441,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     def call(*args):
         if torch._C._is_any_autocast_enabled():  # AOTAutograd's wrapper turns it off around the graph
             return compiled(*args)
+        args = (*held, *args) if held else args
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
