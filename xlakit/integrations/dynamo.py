@@ -108,10 +108,16 @@ class _Replay:
         engine = current()
         # all of them, in eager's order, also those the executable does not read: the generator
         # then stands where eager's does after the same call
-        drawn = {id(d): transfer.to_device(d.draw()) for d in self.draws}
-        arrays = [(engine.read(values[src]).array if values[src] is not None else transfer.to_device(inputs[src]))
+        drawn = dict(zip(map(id, self.draws), transfer.to_device_many([d.draw() for d in self.draws]))) \
+            if self.draws else {}
+        arrays = [(engine.read(values[src]).array if values[src] is not None else None)
                   if isinstance(src, int) else drawn[id(src)] if isinstance(src, _Draw) else src.array
                   for src in self.param_sources]
+        # host inputs (an optimizer's step counts), uploaded together
+        host = [k for k, src in enumerate(self.param_sources) if isinstance(src, int) and values[src] is None]
+        if host:
+            for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
+                arrays[k] = array
         donated = self._donated(values)
         results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
         on_device = any(v is not None for v in values)
