@@ -13,6 +13,9 @@ eager fallback) it is interpreted lazily on every call, which may split it into
 several executables.
 Each split is recorded with its FX node, op, reason and user source line, each
 node with the module path Dynamo's module stack gives it.
+An inference graph (a model under no_grad, an optimizer's step) is called without
+AOTAutograd's runtime wrappers where they would only call it and copy the inputs it
+updates in: xlakit gives those inputs their new values itself (xlakit_backend).
 """
 from __future__ import annotations
 
