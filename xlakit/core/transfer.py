@@ -14,6 +14,16 @@ _BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16)}
 
 
 def to_device(t: torch.Tensor) -> jax.Array:
+    return jax.device_put(_host_array(t))
+
+
+def to_device_many(tensors: list[torch.Tensor]) -> list[jax.Array]:
+    """to_device of each, in one jax.device_put: its Python is most of what a small tensor's
+    upload costs (four 0-d tensors: 158 -> 87 µs)."""
+    return jax.device_put([_host_array(t) for t in tensors])
+
+
+def _host_array(t: torch.Tensor) -> np.ndarray:
     require_dense(t)
     # A copy, always: JAX's CPU client may alias a host array's memory instead of copying it,
     # and torch tensors are mutable, so an in-place write to `t` after .to(device), copy_()
@@ -22,8 +32,8 @@ def to_device(t: torch.Tensor) -> jax.Array:
     t = t.detach().clone(memory_format=torch.contiguous_format)
     if t.dtype in _BITS:
         bits, np_dtype = _BITS[t.dtype]
-        return jax.device_put(t.view(bits).numpy().view(np_dtype))
-    return jax.device_put(t.numpy())
+        return t.view(bits).numpy().view(np_dtype)
+    return t.numpy()
 
 
 def require_dense(t: torch.Tensor) -> None:

@@ -161,6 +161,18 @@ _TRACED: dict = PROCESS.memo("lowerings.to_jax: traced lowerings", 8192,
                              "a repeated node replays its lowering's jaxpr instead of running its Python again")
 
 
+def evaluate(node: Node, arrays: list) -> list | None:
+    """A node's outputs from its lowering alone, on its operands' device `arrays`, outside
+    any graph: one dispatch of its traced lowering. None where it cannot be had so (its
+    lowering asks for checks, or fails: a sync then computes and reports it)."""
+    try:
+        fn, _ = _traced(node, arrays)
+        results, flags = fn(*arrays)
+    except Exception:  # noqa: BLE001 - the step that computes it instead says why
+        return None
+    return None if flags else list(results)
+
+
 def _traced(node: Node, operands: list):
     """The node's lowering as a jitted function, and the list its checks are found into."""
     lowering, checking = lowerings.find(node.op), checks.on()
