@@ -176,6 +176,12 @@ class Graph:
         return [self.nodes[n].avals[i] for n, i in self.roots]
 
 
+def op_name(op) -> str:
+    """'ones_like' for aten.ones_like.default ('' for an op not named namespace.name)."""
+    parts = str(op).split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
 def structure(graph: Graph) -> Graph:
     """The graph without its buffers (operands, results, inputs' arrays): what
     lowering it again needs, holding no device memory while it is kept."""

@@ -15,9 +15,10 @@ lowering alone: one dispatch, not a step of its own.
 from __future__ import annotations
 
 from ..core import sharding
-from ..core.ir import DeviceData, Graph, operand_data, pending_nodes
+from ..core.ir import DeviceData, Graph, op_name, operand_data, pending_nodes
 from ..core.record import Trigger
 from ..lowerings import to_jax
+from ..lowerings.factories import FILLS
 from . import keys
 from .executor import Engine, compile_flags
 
@@ -34,18 +35,12 @@ def donating(engine: Engine, graph: Graph, donors: tuple[int, ...]):
         return entry
 
 
-# Ops whose value is fixed by their operands' shapes and their constants (random draws are
-# not: they are drawn on the host, never pending).
-_FILLS = frozenset({"zeros", "ones", "full", "empty", "scalar_tensor", "zeros_like", "ones_like", "full_like",
-                    "empty_like", "new_zeros", "new_ones", "new_full", "new_empty"})
-
-
 def fill_constants(values: list) -> None:
     """Compute each pending value in `values` (LiveValues, or None) that is a fill of computed
     operands by its lowering alone, with no step: a graph's inputs, fed before it runs."""
     for value in values:
         node = value.node if value is not None else None
-        if node is None or _name(node.op) not in _FILLS:
+        if node is None or op_name(node.op) not in FILLS:
             continue
         operands = [operand_data(o) for o in node.operands]
         if any(o is None for o in operands):
@@ -54,12 +49,6 @@ def fill_constants(values: list) -> None:
         if arrays is not None:
             node.results = [DeviceData(a, aval) for a, aval in zip(arrays, node.avals)]
             value.resolve()
-
-
-def _name(op) -> str:
-    """'ones_like' for aten.ones_like.default."""
-    parts = str(op).split(".")
-    return parts[1] if len(parts) > 1 else ""
 
 
 def unshared(engine: Engine, buffers: list[DeviceData]) -> bool:

@@ -20,6 +20,12 @@ from .dtypes import jax_dtype
 from .registry import RANDOM_REASON, Handling, handled_as, lowers
 
 
+# Factories whose value follows from their operands' shapes and their constant arguments
+# (the random ones draw on the host: their values are not constants of a graph).
+FILLS = frozenset({"zeros", "ones", "full", "empty", "scalar_tensor", "zeros_like", "ones_like", "full_like",
+                   "empty_like", "new_zeros", "new_ones", "new_full", "new_empty"})
+
+
 # -- casts ----------------------------------------------------------------------------
 def cast(x, dtype):
     """x as `dtype` (a jax dtype), converted as eager torch converts on CPU:

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..core.ir import Graph, Node
+from ..core.ir import Graph, Node, op_name
+from .factories import FILLS
 
 # Inputs of the first origin whose ranges are reported.
 INPUTS = 4
@@ -73,16 +74,8 @@ MOVES = frozenset({
 
 
 # Ops whose values do not depend on their operands' values (only on their shapes).
-SHAPE_ONLY = frozenset({
-    "empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like", "fill", "new_zeros",
-    "new_ones", "new_full", "new_empty", "new_empty_strided", "empty_strided", "empty", "zeros", "ones", "full",
-    "arange", "scalar_tensor", "linspace", "logspace", "eye",
-})
-
-
-def _name(node: Node) -> str:
-    """'log' for aten.log.default."""
-    return str(node.op).split(".")[1]
+SHAPE_ONLY = FILLS | {"rand_like", "randn_like", "fill", "new_empty_strided", "empty_strided", "arange",
+                      "linspace", "logspace", "eye"}
 
 
 def _floating(aval) -> bool:
@@ -129,7 +122,7 @@ def constant_nodes(graph: Graph) -> list[bool]:
     """Per node, whether its values follow from constants alone (a factory, or ops on factories' values)."""
     constant: list[bool] = []
     for node, wires in zip(graph.nodes, graph.wiring):
-        constant.append(_name(node) in SHAPE_ONLY or all(w.__class__ is not int and constant[w[0]] for w in wires))
+        constant.append(op_name(node.op) in SHAPE_ONLY or all(w.__class__ is not int and constant[w[0]] for w in wires))
     return constant
 
 
@@ -176,7 +169,7 @@ class Watch:
 
     def node(self, position: int, wires, operands: list, results: list) -> None:
         node = self.graph.nodes[position]
-        if _name(node) in MOVES:
+        if op_name(node.op) in MOVES:
             sources = tuple(i for ids in self._read(wires, operands) for i in ids)
             if sources:
                 for i, aval in enumerate(node.avals):
