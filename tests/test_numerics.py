@@ -133,6 +133,8 @@ def test_only_a_step_whose_outputs_are_not_finite_is_searched(dev, nans):
         assert (info.searched, info.first_nonfinite, info.nonfinite_outputs) == (step == 0, None, True), step
     from xlakit.notebook import render
     assert "no op of this step made" in render.text(xlakit.last_step())
+    panel = dict(render.sections_html(xlakit.last_step(), None, hlo=False))["Numerics"]
+    assert "Its outputs hold a NaN or infinity that no op of this step made" in panel
     assert masked.isinf().sum().item() == 4
 
 

@@ -87,7 +87,8 @@ def html_panel(record: StepRecord) -> str:
     if n.first_nonfinite is not None:
         parts.append(f'<div class="xlakit-warning">&#9888; {html.escape(nonfinite_line(n.first_nonfinite))}</div>')
     elif n.nans_checked:
-        parts.append(f"<div>{html.escape(_no_origin(n).capitalize())}.</div>")
+        line = _no_origin(n)
+        parts.append(f"<div>{html.escape(line[0].upper() + line[1:])}.</div>")
     if n.ranges:
         parts.append("<div>The largest absolute value each module's ops computed (forward, "
                      "<code>backward.&lt;module&gt;</code> for the gradients into it, <code>optimizer</code>), "
