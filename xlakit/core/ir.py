@@ -193,6 +193,17 @@ def structure(graph: Graph) -> Graph:
     return Graph(nodes, [DeviceData(None, p.aval) for p in graph.params], list(graph.roots), list(graph.wiring))
 
 
+def instantiate(graph: Graph, operands: list) -> list[Node]:
+    """The nodes of `graph` (a `structure`) recorded again, pending, reading `operands`
+    (per param: device data or a pending (node, output)) where the graph read its params:
+    one more run of the same computation, as part of whatever step computes it."""
+    nodes: list[Node] = []
+    for node, wires in zip(graph.nodes, graph.wiring):
+        nodes.append(Node(node.op, tuple(operands[w] if w.__class__ is int else (nodes[w[0]], w[1]) for w in wires),
+                          node.template, node.avals, node.source, node.signature))
+    return nodes
+
+
 def operand_data(operand) -> DeviceData | None:
     """The device data a node operand reads: the operand itself, or the output
     an earlier sync computed; None while its producer is pending."""

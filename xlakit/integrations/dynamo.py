@@ -31,8 +31,8 @@ from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
 from torch._functorch.aot_autograd import make_boxed_func
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from ..core import module_paths, sources, transfer
-from ..core.ir import Aval, DeviceData, Source
+from ..core import module_paths, sharding, sources, transfer
+from ..core.ir import Aval, DeviceData, Graph, Source, instantiate, structure
 from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
@@ -40,6 +40,7 @@ from ..engine.executor import current
 from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
 from ..lowerings import verdicts
+from ..lowerings.factories import FILLS
 
 
 @dataclasses.dataclass
@@ -94,49 +95,109 @@ def compiled_graphs():
 
 
 class _Replay:
-    """One executable run directly on the inputs' buffers at every later call.
+    """One executable run directly on the inputs' buffers at every later call, or its
+    graph recorded again into the lazy step (`emit`).
 
     param_sources: per executable input, a placeholder position, a constant
     DeviceData, or a draw (_Draw); outputs: per FX output, (executable output index, aval), an
-    input position (passed through), or None. donating: the same executable with
-    the buffers of the inputs the graph updates in place donated, and `donors`,
-    its parameter positions -> placeholder positions (engine/compiled.py).
+    input position (passed through), or None. graph: the execution's graph without its
+    buffers (core/ir.structure), what `emit` records again. donors: the parameter positions
+    of the inputs the graph updates in place -> their placeholder positions; the executable
+    that donates their buffers is compiled at its first use (engine/compiled.py).
     draws: every random draw of the traced graph, in the order drawn. to_host: the outputs that
     AOTAutograd copies into a host input (an optimizer's step count): returned on the host,
     so that copy is a host one, not a read of a new device tensor.
     """
 
-    def __init__(self, entry, param_sources: list, outputs: list, draws: list, donating=None,
-                 donors: dict | None = None, to_host: frozenset = frozenset()):
-        self.entry, self.param_sources, self.outputs, self.draws = entry, param_sources, outputs, draws
-        self.donating, self.donors, self.to_host = donating, donors or {}, to_host
+    def __init__(self, entry, graph: Graph, placement, param_sources: list, outputs: list, draws: list,
+                 donors: dict, to_host: frozenset, updates: bool):
+        self.entry, self.graph, self.placement = entry, graph, placement
+        self.param_sources, self.outputs, self.draws = param_sources, outputs, draws
+        self.donors, self.to_host, self.updates = donors, to_host, updates
+        self.donating = None
 
     def __call__(self, inputs: list, values: list):
         """`values`: per input, the LiveValue behind it where it is on the device (else None)."""
         engine = current()
-        # all of them, in eager's order, also those the executable does not read: the generator
-        # then stands where eager's does after the same call
-        drawn = dict(zip(map(id, self.draws), transfer.to_device_many([d.draw() for d in self.draws]))) \
-            if self.draws else {}
-        arrays = [(engine.read(values[src]).array if values[src] is not None else None)
-                  if isinstance(src, int) else drawn[id(src)] if isinstance(src, _Draw) else src.array
-                  for src in self.param_sources]
-        # host inputs (an optimizer's step counts), uploaded together
-        host = [k for k, src in enumerate(self.param_sources) if isinstance(src, int) and values[src] is None]
-        if host:
-            for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
-                arrays[k] = array
+        arrays = [a.array for a in self._arguments(inputs, values, lambda value: engine.read(value))]
         donated = self._donated(values)
+        if donated and self.donating is None:
+            self.donating = compiled.donating(engine, self.graph, tuple(sorted(self.donors)), self.placement)
         results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
         on_device = any(v is not None for v in values)
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], on_device and k not in self.to_host)
                 for k, out in enumerate(self.outputs)]
 
+    def joins(self, values: list, *, training: bool, direct: bool) -> bool:
+        """Whether this call is recorded into the lazy step (`emit`) rather than run now: a
+        training graph's (forward or backward) on the device, and an optimizer step's (an
+        inference graph that updates inputs, called by xlakit_backend) whose inputs are still
+        pending (a backward's gradients): that step's marker then computes them all at once."""
+        if all(v is None for v in values):
+            return False
+        if training:
+            return True
+        if not (direct and self.updates):
+            return False
+        for value in values:
+            if value is not None:
+                value.resolve()
+                if value.node is not None:
+                    return True
+        return False
+
+    def emit(self, inputs: list, values: list):
+        """The graph recorded again into the lazy IR on these inputs (pending ones read as
+        they are): its outputs are pending lazy tensors, computed by the next sync, one
+        executable with whatever else that sync computes; those wanted on the host are
+        computed apart, now."""
+        operands = self._arguments(inputs, values, lambda value: value.operand())
+        nodes = instantiate(self.graph, operands)
+        outputs = []
+        for k, out in enumerate(self.outputs):
+            if out is None or isinstance(out, int):
+                outputs.append(out if out is None else inputs[out])
+                continue
+            (node, index), aval = self.graph.roots[out[0]], out[1]
+            value = new_tensor(aval, nodes[node], index)
+            if k in self.to_host:
+                outputs.append(_on_host(value._state))
+            else:
+                outputs.append(torch._to_functional_tensor(value))
+        return outputs
+
+    def _arguments(self, inputs: list, values: list, of_value) -> list:
+        """Per executable input, its device data (or, with `of_value` LiveValue.operand, a pending
+        input's (node, output)): the inputs' (`of_value(LiveValue)`), draws drawn again, host
+        inputs uploaded, constants as traced."""
+        # all draws, in eager's order, also those the executable does not read: the generator
+        # then stands where eager's does after the same call
+        drawn = dict(zip(map(id, self.draws), transfer.to_device_many([d.draw() for d in self.draws]))) \
+            if self.draws else {}
+        avals = self.graph.param_avals
+        arguments = []
+        host = []  # host inputs (an optimizer's step counts), uploaded together
+        for k, src in enumerate(self.param_sources):
+            if isinstance(src, int):
+                if values[src] is None:
+                    host.append(k)
+                    arguments.append(None)
+                else:
+                    arguments.append(of_value(values[src]))
+            elif isinstance(src, _Draw):
+                arguments.append(DeviceData(drawn[id(src)], avals[k]))
+            else:
+                arguments.append(src)
+        if host:
+            for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
+                arguments[k] = DeviceData(array, avals[k])
+        return arguments
+
     def _donated(self, values: list) -> dict:
         """The buffers to donate at this call: all of the updated inputs', or none when
         one is still read elsewhere (another tensor, pending work, or twice in this call)."""
-        if self.donating is None or any(values[i] is None for i in self.donors.values()):
+        if not self.donors or any(values[i] is None for i in self.donors.values()):
             return {}
         buffers = {p: values[i].data for p, i in self.donors.items()}
         fed = [id(v.data) for v in values if v is not None]
@@ -161,6 +222,16 @@ def _wrap_output(array, aval, on_device: bool):
     return transfer.to_host(array, aval.dtype)
 
 
+def _on_host(value) -> torch.Tensor:
+    """A pending output wanted on the host (a step count), computed apart from the step that
+    makes the rest (engine/compiled.py), or by a sync of its own where one node cannot."""
+    compiled.evaluate_apart([value])
+    if value.node is not None:
+        current().sync([value], trigger=Trigger.COMPILED)
+    data = value.data if value.data is not None else current().read(value)
+    return transfer.to_host(data.array, value.aval.dtype)
+
+
 def _to_lazy(t):
     if not isinstance(t, torch.Tensor):
         return t
@@ -169,8 +240,10 @@ def _to_lazy(t):
     return from_host(t.detach())
 
 
-def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> callable:
-    """The function that runs `gm` on xlakit (unboxed: it takes the inputs as arguments)."""
+def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, training: bool) -> callable:
+    """The function that runs `gm` on xlakit (unboxed: it takes the inputs as arguments).
+    `training`: AOTAutograd's forward or backward graph, not an inference graph; those
+    join the lazy step (_Replay.joins)."""
     install.install()
     dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
@@ -185,11 +258,16 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
     updated = _updated_inputs() if forward else []
     reason = _recompile_reason()
 
-    def run(*inputs):
+    def run(*inputs, direct: bool = False):
+        """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined."""
         values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
-        _compute_pending(values)
         signature = _signature(inputs)
         replay = replays.get(signature)
+        if replay is not None and replay.joins(values, training=training, direct=direct):
+            if forward and training:  # a step's chain starts from computed values: one step per marker
+                _compute_pending(values)
+            return replay.emit(list(inputs), values)
+        _compute_pending(values)
         if replay is not None:
             return replay(list(inputs), values)
         with draws_logged() as draws:
@@ -198,7 +276,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool) -> c
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
                                                                          for i in updated], draws,
-                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device))
+                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device),
+                           any(i is not None for i in updated))
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
@@ -237,7 +316,7 @@ def _compute_pending(values) -> None:
     pending = [value for value in values if value is not None]
     for value in pending:
         value.resolve()
-    compiled.fill_constants(pending)
+    compiled.evaluate_apart(pending, FILLS)
     pending = [value for value in pending if value.node is not None]
     if pending:
         current().sync(pending, trigger=Trigger.DYNAMO)
@@ -384,11 +463,12 @@ def _pending_or_data(o):
 
 
 def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: list,
-          to_host: frozenset) -> _Replay | None:
+          to_host: frozenset, updates: bool) -> _Replay | None:
     """How to replay `entry` on new inputs, or None when an output is not one
     of its results (an input passed through, or a value computed earlier).
     `updated`: per first output, the device input it updates in place (_updated_inputs);
-    `draws`: the graph's random draws (front/recorder.py draws_logged); `to_host`: _Replay's."""
+    `draws`: the graph's random draws (front/recorder.py draws_logged); `to_host`: _Replay's;
+    `updates`: whether the graph updates any input in place."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
     redrawn = {id(data): _Draw(draw) for data, draw in draws}
     sources = []
@@ -411,10 +491,9 @@ def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: l
     donors = {parameter_of[i]: i for i, out in zip(updated, outputs)
               if i is not None and i in parameter_of and isinstance(out, tuple)
               and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
-    if not donors:
-        return _Replay(entry, sources, outputs, list(redrawn.values()), to_host=to_host)
-    donating = compiled.donating(current(), graph, tuple(sorted(donors)))
-    return _Replay(entry, sources, outputs, list(redrawn.values()), donating, donors, to_host)
+    placement = sharding.plan(graph, tuple(sorted(donors))) if donors else None
+    return _Replay(entry, structure(graph), placement, sources, outputs, list(redrawn.values()), donors, to_host,
+                   updates)
 
 
 def _flatten(value):
@@ -439,7 +518,8 @@ def _outputs_like(outputs, inputs):
 
 
 def _boxed(forward: bool):
-    return lambda gm, example_inputs: make_boxed_func(_compile_fx(gm, example_inputs, forward=forward))
+    return lambda gm, example_inputs: make_boxed_func(_compile_fx(gm, example_inputs, forward=forward,
+                                                                  training=True))
 
 
 def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
@@ -456,7 +536,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
             *dict(gm.named_buffers(remove_duplicate=False)).values())
 
     def inference(fx, inputs):
-        run = _compile_fx(fx, inputs, forward=True)
+        run = _compile_fx(fx, inputs, forward=True, training=False)
         updated = _plain_inference(fx, len(held) + len(example_inputs))
         if updated is not None:
             direct.append((run, updated))
@@ -477,16 +557,22 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            outputs = run(*args)
+            outputs = run(*args, direct=True)
         finally:
             torch._C._set_grad_enabled(grad)
         if not updated:
             return outputs
         for i, new in zip(updated, outputs):
             _copy_in(args[i], new)
+        if any(_pending(args[i]) for i in updated):  # an optimizer step that joined the lazy step ends it
+            current().sync(trigger=Trigger.COMPILED)
         return outputs[len(updated):]
 
     return call
+
+
+def _pending(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device == DEVICE and unwrap(t)._state.node is not None
 
 
 def _plain_inference(gm: torch.fx.GraphModule, inputs: int) -> list[int] | None:
