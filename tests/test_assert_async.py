@@ -112,3 +112,21 @@ def test_a_compiled_assert_is_one_executable_that_replays_and_raises_on_bad_inpu
                                            r": aten._assert_async.msg\)$"):
         compiled(-host.to(dev))
     assert_same(compiled(host.to(dev)), host * 2)
+
+
+def _one_hot(i):
+    return torch.nn.functional.one_hot(i, 4)
+
+
+@pytest.mark.skipif(torch.__version__ < "2.13", reason="torch 2.9's compiled one_hot has no range checks")
+def test_a_compiled_one_hot_checks_its_classes_in_the_graph(dev):
+    # torch 2.13's decomposition of one_hot writes its range checks as _assert_async.msg
+    compiled = torch.compile(_one_hot, backend="xlakit")
+    good = torch.tensor([0, 3, 1])
+    with xlakit.integrations.dynamo.compiled_graphs() as graphs:
+        for _ in range(2):
+            assert_same(compiled(good.to(dev)), _one_hot(good))
+    assert len(graphs) == 1 and graphs[0].executables == 1 and not graphs[0].splits and graphs[0].replays, graphs
+    assert xlakit.metrics()["fallbacks"] == 0
+    with pytest.raises(RuntimeError, match=r"^one_hot: Class values must be smaller than num_classes\. \(at "):
+        compiled(torch.tensor([0, 4, 1]).to(dev))
