@@ -9,6 +9,7 @@ from conftest import assert_same
 from test_compiled_device import _failures, dynamo_log, fresh_dynamo  # noqa: F401
 
 import xlakit
+from xlakit.engine.executor import StepFailedError
 
 
 def _eager_error(*args) -> str:
@@ -63,6 +64,38 @@ def test_a_failing_assert_raises_eagers_error_at_the_read_and_the_next_step_work
     assert_same(x * 3 + 1, host * 3 + 1)
     xlakit.mark_step()
     assert_same(x, host)
+
+
+def _sgd_step(w, lr):
+    """An update guarded by an assert, as a training step writes it."""
+    g = w * lr
+    torch._assert_async(torch.isfinite(g).all(), "the update is not finite")
+    w.sub_(g)
+    return g
+
+
+def test_a_failed_assert_stops_the_step_where_eager_stops(dev):
+    # eager raises at the assert: what was recorded before it stands, w keeps its value
+    # (its update, after the assert, never ran), what was recorded after it does not exist
+    want = torch.ones(4)
+    with pytest.raises(RuntimeError, match="^the update is not finite$"):
+        _sgd_step(want, float("nan"))
+    w = xlakit.label(torch.ones(4).to(dev), "w")
+    xlakit.mark_step()
+    g = _sgd_step(w, float("nan"))
+    after = w * 3
+    with pytest.raises(RuntimeError, match=r"^the update is not finite \(at test_assert_async.py:\d+: "
+                                           r"aten._assert_async.msg\)$"):
+        xlakit.mark_step()
+    assert [d.label for d in xlakit.last_step().donated] == ["w"]  # the executable kept w's old value
+    assert_same(w, want)
+    assert_same(g, torch.full((4,), float("nan")), equal_nan=True)
+    with pytest.raises(StepFailedError, match="the update is not finite"):
+        after.cpu()
+    _sgd_step(w, 0.5)   # the session goes on
+    xlakit.mark_step()
+    _sgd_step(want, 0.5)
+    assert_same(w, want)
 
 
 def test_the_msg_variant_raises_with_the_users_message(dev):

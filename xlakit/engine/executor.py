@@ -177,7 +177,8 @@ class Engine:
                     t.check_usable()
                     t.resolve()
             asserts, self.asserts = self.asserts, []
-            targets = [t for t in (*targets, *asserts) if t.node is not None]
+            # asserts first: the graph then traces each before the ops recorded after it (Check.halts)
+            targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
                 return None
             run = self.tape.close((trigger, source))

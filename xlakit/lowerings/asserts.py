@@ -5,6 +5,9 @@ is zero. The lowering asks for that check and returns an empty array: the
 op has no output, and the node needs one that a step can return so that it is
 not cut away (front/recorder.py keeps it for the next sync). The check is read
 with the step's others, so a passing assert costs no sync and splits nothing.
+Eager stops at a failed assert: the check halts (core/checks.py), so what was
+recorded after it is poisoned, or keeps its old value where it updated a
+tensor of the user's in place, as for any failed check (engine/check_results.py).
 """
 from __future__ import annotations
 
@@ -21,5 +24,5 @@ ZERO = "Expected Tensor with single nonzero value, but got zero"
 def _assert_async(self, assert_msg=None):
     # the message is a format string for the offending value (Check.message): the user's braces are kept
     message = ZERO if assert_msg is None else assert_msg.replace("{", "{{").replace("}", "}}")
-    checks.require(self != 0, RuntimeError, message)
+    checks.require(self != 0, RuntimeError, message, halts=True)
     return jnp.zeros((0,), jnp.bool_)
