@@ -28,6 +28,9 @@ class Check:
     error: type[Exception]                 # what eager raises: IndexError, or RuntimeError
     message: str                           # eager's message; "{index}" stands for the offending value
     valid: tuple[int, int] | None = None   # the valid index range [low, high), when known
+    # eager stops there (an assert): the ops recorded after it depend on it too, not only those
+    # that read its operands, so what they update keeps its old value if it fails
+    halts: bool = False
 
     def exception(self, bad: int, op: str, where: str) -> Exception:
         """Eager's exception, with the op, the offending value and the source line."""
@@ -48,26 +51,34 @@ class StepChecks:
 class Trace:
     """The checks found while tracing one graph: per check (Check, ok flag,
     offending value), the flags being tracers; per node, the bit mask of the
-    checks its outputs depend on (bit k: the k-th check found)."""
+    checks its outputs depend on (bit k: the k-th check found). A check that
+    halts is found before the nodes recorded after it (the engine cuts asserts first)."""
 
     def __init__(self):
         self.found: list = []
         self.masks: list[int] = []
         self._new = 0   # checks found before the node being traced
+        self._halts: list[tuple[int, int]] = []   # per halting check: (its node's Node.seq, its bit)
         self._all: dict = {}   # mask -> its all_ok (the donated outputs of a step mostly share one)
 
     def __bool__(self) -> bool:
         return bool(self.found)
 
-    def depend(self, wires) -> int:
-        """The mask of the node just traced, whose operands come from `wires` (graph.wiring)."""
+    def depend(self, wires, seq: int) -> int:
+        """The mask of the node just traced, recorded `seq`-th (Node.seq), whose operands
+        come from `wires` (graph.wiring)."""
         mask = 0
         for k in range(self._new, len(self.found)):
             mask |= 1 << k
+            if self.found[k][0].halts:
+                self._halts.append((seq, 1 << k))
         self._new = len(self.found)
         for w in wires:
             if w.__class__ is not int:
                 mask |= self.masks[w[0]]
+        for halt_seq, bit in self._halts:
+            if seq > halt_seq:
+                mask |= bit
         self.masks.append(mask)
         return mask
 
@@ -121,10 +132,11 @@ def at_node(position: int) -> None:
     _CURRENT.node = position
 
 
-def require(ok, error: type[Exception], message: str, *, index=None, valid: tuple[int, int] | None = None) -> None:
+def require(ok, error: type[Exception], message: str, *, index=None, valid: tuple[int, int] | None = None,
+            halts: bool = False) -> None:
     """Eager raises `error(message)` unless `ok` (a boolean array) holds
     everywhere. `index`: the values checked (broadcastable to ok); the first
-    one that fails is reported."""
+    one that fails is reported. `halts`: Check.halts."""
     trace = _CURRENT.trace
     ok = jnp.asarray(ok)
     if trace is None or ok.size == 0:
@@ -133,7 +145,7 @@ def require(ok, error: type[Exception], message: str, *, index=None, valid: tupl
     first = jnp.argmin(flat)   # the first False, where there is one
     bad = jnp.zeros((), jnp.int64) if index is None else \
         jnp.broadcast_to(jnp.asarray(index), ok.shape).reshape(-1)[first].astype(jnp.int64)
-    trace.found.append((Check(_CURRENT.node, error, message, valid), flat.all(), bad))
+    trace.found.append((Check(_CURRENT.node, error, message, valid, halts), flat.all(), bad))
 
 
 def in_range(index, size: int, *, negative: bool):

@@ -109,6 +109,9 @@ class Engine:
         self.in_flight: list = []
         # steps whose in-graph checks are not read yet, and the values waiting on them
         self.ledger = check_results.Ledger()
+        # recorded asserts (torch._assert_async) no sync computed yet: nothing reads their
+        # outputs, so no cut would take them; the next sync, whatever it computes, does
+        self.asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
         self.tape = tape.Tape()
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
@@ -135,6 +138,10 @@ class Engine:
         if value.data is None:
             raise RuntimeError("xlakit internal error: value read before it was computed")
         return value.data
+
+    def check_at_next_sync(self, value: LiveValue) -> None:
+        """`value` is an assert's output: the next sync computes it, and its check with it."""
+        self.asserts.append(value)
 
     def count_fallback(self) -> None:
         self.counters["fallbacks"] += 1
@@ -169,7 +176,9 @@ class Engine:
                 for t in targets:
                     t.check_usable()
                     t.resolve()
-            targets = [t for t in targets if t.node is not None]
+            asserts, self.asserts = self.asserts, []
+            # asserts first: the graph then traces each before the ops recorded after it (Check.halts)
+            targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
                 return None
             run = self.tape.close((trigger, source))

@@ -710,6 +710,34 @@ def _local_scalar_dense(x):
     return to_host(x, trigger=Trigger.ITEM).item()
 
 
+def _no_output(self, assert_msg=None):
+    """An assert's node returns an empty bool array (lowerings/asserts.py): its meta."""
+    return torch.empty((0,), dtype=torch.bool, device=_META)
+
+
+@handles("aten::_assert_async", meta=_no_output,
+         reason="an in-graph check: the next sync computes it, the read after it raises eager's error")
+def _assert_async(cond, assert_msg=None):
+    """Eager raises when the one-element `cond` is zero. Recorded as a check
+    (lowerings/asserts.py) that the next sync computes, whatever it computes: nothing
+    reads an assert's output, so a cut would leave it out. With config.checks off,
+    nothing is checked (docs/bad_input.md)."""
+    if cond.numel() != 1:  # its shape says so: eager's error now, no sync
+        where = sources.describe(sources.capture())
+        amount = "no values" if cond.numel() == 0 else "more than one value"
+        at = f" (at {where}: aten._assert_async)" if where else ""
+        raise RuntimeError(f"Boolean value of Tensor with {amount} is ambiguous{at}. "
+                           "Assert one value, e.g. cond.all().")
+    if not config.checks:
+        return
+    if assert_msg is None:
+        checked = _record(aten._assert_async.default, (cond,), {})
+    else:
+        checked = _record(aten._assert_async.msg, (cond, assert_msg), {})
+    if isinstance(checked, LazyTensor):  # else it ran eagerly (its lowering failed before): checked there
+        current().check_at_next_sync(checked._state)
+
+
 def functional_variant(op):
     """`eye.m_out` -> `eye.m`: the overload named like the out= one, or else
     the one with the same positional arguments (`arange.start_out` ->

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from . import (  # noqa: F401 (they register)
                activations,
+               asserts,
                bessel,
                decompositions,
                factories,

@@ -120,10 +120,11 @@ def decomposes(*names: str, reason: str):
     return register
 
 
-def handles(*names: str, reason: str):
-    """Register the decorated function as the front's own handler of `names`."""
+def handles(*names: str, reason: str, meta: Callable | None = None):
+    """Register the decorated function as the front's own handler of `names`
+    (`meta`: the shape rule of the nodes it records, Policy.meta)."""
     def register(fn):
-        _register(names, policy=Policy(Handling.FRONTEND, reason, implementation=fn))
+        _register(names, policy=Policy(Handling.FRONTEND, reason, implementation=fn, meta=meta))
         return fn
     return register
 
