@@ -51,34 +51,33 @@ class StepChecks:
 class Trace:
     """The checks found while tracing one graph: per check (Check, ok flag,
     offending value), the flags being tracers; per node, the bit mask of the
-    checks its outputs depend on (bit k: the k-th check found). A check that
-    halts is found before the nodes recorded after it (the engine cuts asserts first)."""
+    checks its outputs depend on (bit k: the k-th check found). Every node traced
+    after a check that halts depends on it: the engine cuts asserts first, so those are the
+    nodes the assert does not need. By graph position, not by recording order, which the
+    cache key does not hold: the key decides the executable, so its structure must decide
+    the masks (a node recorded before the assert but not needed by it halts too)."""
 
     def __init__(self):
         self.found: list = []
         self.masks: list[int] = []
         self._new = 0   # checks found before the node being traced
-        self._halts: list[tuple[int, int]] = []   # per halting check: (its node's Node.seq, its bit)
+        self._halting = 0   # the bits of the checks found so far that halt
         self._all: dict = {}   # mask -> its all_ok (the donated outputs of a step mostly share one)
 
     def __bool__(self) -> bool:
         return bool(self.found)
 
-    def depend(self, wires, seq: int) -> int:
-        """The mask of the node just traced, recorded `seq`-th (Node.seq), whose operands
-        come from `wires` (graph.wiring)."""
-        mask = 0
+    def depend(self, wires) -> int:
+        """The mask of the node just traced, whose operands come from `wires` (graph.wiring)."""
+        mask = self._halting
         for k in range(self._new, len(self.found)):
             mask |= 1 << k
             if self.found[k][0].halts:
-                self._halts.append((seq, 1 << k))
+                self._halting |= 1 << k
         self._new = len(self.found)
         for w in wires:
             if w.__class__ is not int:
                 mask |= self.masks[w[0]]
-        for halt_seq, bit in self._halts:
-            if seq > halt_seq:
-                mask |= bit
         self.masks.append(mask)
         return mask
 

@@ -318,7 +318,7 @@ def _compute_pending(values) -> None:
         value.resolve()
     compiled.evaluate_apart(pending, FILLS)
     pending = [value for value in pending if value.node is not None]
-    if pending:
+    if pending or current().asserts:  # a pending assert as well: else the trace would keep checking it
         current().sync(pending, trigger=Trigger.DYNAMO)
 
 

@@ -86,7 +86,7 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
                 if watch is not None:
                     watch.node(position, wires, operands, results)
             if trace is not None:
-                mask = trace.depend(wires, node.seq)
+                mask = trace.depend(wires)
                 for i, result in enumerate(results):
                     donor = donated.get((position, i)) if mask else None
                     if donor is not None:
