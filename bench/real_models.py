@@ -14,6 +14,7 @@ Also torch.compile (inductor). `python bench/real_models.py [--quick] [--device 
 from __future__ import annotations
 
 import argparse
+import statistics
 import copy
 import json
 import os
@@ -93,7 +94,7 @@ def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m, wh
 
 
 def xlakit_compiled(train):
-    """torch.compile of a whole training step on xlakit: each FX graph one executable."""
+    """torch.compile of a whole training step on xlakit: its FX graphs join one executable."""
     return torch.compile(train, backend="xlakit")
 
 
@@ -163,43 +164,55 @@ PROJECTED_DEVICE_MS = 2.0  # the Llama step's ~91 GFLOP on one TPU v5e chip is a
 
 
 def measure(name: str, quick: bool, device: str):
+    """Every peer warmed up, then `rounds` rounds in which each peer runs `steps` steps in
+    turn: on a machine shared with other work, each ratio is the median of its per-round
+    ratios (peers next to each other in time), not of medians taken minutes apart."""
     import xlakit
 
     model, logits_fn, ids = build(name, quick)
-    steps, rounds = (2, 1) if quick else (5, 3)
-    rows, records, host, compiled = {}, [], {}, None
-    for peer, (step, wait) in peers(model, logits_fn, ids, device).items():
-        with xlakit.capture() as captured:
-            # warm-up: compiles, then the first runs of each new executable, which are slower
-            # (xlakit's GPT-2 step: 476, 412, 355 ms, then 280 from the fourth run on)
-            rows[peer] = seconds_per_step(step, wait, steps, warmup=2 if quick else 8, rounds=rounds) * 1e3
-        if peer == "xlakit lazy":
-            records = captured[-steps:]
+    steps, rounds = (2, 1) if quick else (3, 5)
+    all_peers = peers(model, logits_fn, ids, device)
+    for step, wait in all_peers.values():
+        # warm-up: compiles, then the first runs of each new executable, which are slower
+        # (xlakit's GPT-2 step: 476, 412, 355 ms, then 280 from the fourth run on)
+        seconds_per_step(step, wait, 1, warmup=2 if quick else 8, rounds=1)
+    times, records, host, compiled = {peer: [] for peer in all_peers}, [], {}, None
+    for _ in range(rounds):
+        for peer, (step, wait) in all_peers.items():
+            with xlakit.capture() as captured:
+                times[peer].append(seconds_per_step(step, wait, steps, warmup=0, rounds=1) * 1e3)
+            if peer == "xlakit lazy":
+                records = captured[-steps:]
+    for peer, (step, wait) in all_peers.items():
         if peer == COMPILED:
             with xlakit.capture() as one_step:
                 step()
                 wait()
-            compiled = (one_step, rows[peer])
+            compiled = (one_step, statistics.median(times[peer]))
         if peer in ASYNC_PEERS:
             host[peer] = host_seconds_per_step(step, wait) * 1e3
-    floor, torch_xla = rows["jax.jit (donating)"], rows.get("torch_xla lazy")
+
+    def ratio(peer, base):
+        return statistics.median(t / b for t, b in zip(times[peer], times[base]))
+
+    floor, torch_xla = "jax.jit (donating)", "torch_xla lazy" if "torch_xla lazy" in times else None
     print(f"\n### {name}: AdamW step, batch x seq {tuple(ids.shape)}, median ms/step of {rounds} rounds of "
-          f"{steps} steps\n\n| peer | ms/step | × torch_xla lazy | × jax.jit |\n|---|---|---|---|")
-    for peer, ms in rows.items():
-        ratio = f"{ms / torch_xla:.2f}" if torch_xla else "-"
-        print(f"| {peer} | {ms:.1f} | {ratio} | {ms / floor:.2f} |")
+          f"{steps} steps, every peer in each round; ratios: the median of per-round ratios\n\n"
+          "| peer | ms/step | × torch_xla lazy | × jax.jit |\n|---|---|---|---|")
+    for peer in times:
+        by_torch_xla = f"{ratio(peer, torch_xla):.2f}" if torch_xla else "-"
+        print(f"| {peer} | {statistics.median(times[peer]):.1f} | {by_torch_xla} | {ratio(peer, floor):.2f} |")
     if records:
-        median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         print(f"\nxlakit lazy, per step: {records[-1].num_nodes} nodes; Python recording "
-              f"{median([r.timings.trace for r in records]) * 1e3:.1f} ms, execution (waited) "
-              f"{median([r.timings.execute for r in records]) * 1e3:.1f} ms; the rest of the step is the "
+              f"{statistics.median(r.timings.trace for r in records) * 1e3:.1f} ms, execution (waited) "
+              f"{statistics.median(r.timings.execute for r in records) * 1e3:.1f} ms; the rest of the step is the "
               "step marker's own work (cut, key, cache lookup, records) and Python's collector")
     if compiled:
         per_step, ms = compiled
         print(f"\n{COMPILED}, per step: {len(per_step)} executions "
               f"({', '.join(f'{r.trigger} {r.num_nodes} nodes' for r in per_step)}), executables "
               f"{sum(r.timings.execute for r in per_step) * 1e3:.1f} ms of {ms:.1f} ms; the rest is Python: "
-              "Dynamo's guards, AOTAutograd's wrappers and xlakit's replay")
+              "Dynamo's guards, AOTAutograd's wrappers, xlakit recording the graphs again and its step marker")
     if host:
         print(f"\nPython per step (host time from an idle device to dispatch), and the step projected on an "
               f"accelerator whose executable takes {PROJECTED_DEVICE_MS:g} ms (dispatching ahead, the slower of "

@@ -299,6 +299,37 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     assert not _failures(log)
 
 
+@pytest.mark.parametrize("sync", ["mark_step", "item"])
+def test_a_compiled_model_trained_by_a_lazy_optimizer_joins_the_lazy_step(dev, sync):
+    # the model's forward and backward graphs wait for the step, and torch's optimizer runs
+    # lazily: a step marker computes the whole step in one executable; with only the loss
+    # read (no marker), each read computes this forward with the last step's backward and
+    # update, which it reads: the same graph every step, none grows
+    eager, model, compiled, x = _compiled_mlp(dev)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, model)]
+    sizes = []
+    for step in range(STEPS):
+        with xlakit.capture() as records:
+            loss = compiled(x.to(dev) * step).square().mean()
+            loss.backward()
+            opts[1].step()
+            opts[1].zero_grad()
+            got = loss.item() if sync == "item" else (xlakit.mark_step(), loss.item())[1]
+        want = eager(x * step).square().mean()
+        want.backward()
+        opts[0].step()
+        opts[0].zero_grad()
+        assert got == pytest.approx(want.item(), rel=2e-5)
+        sizes.append([r.num_nodes for r in records])
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q.detach(), **TOL)
+    if sync == "mark_step":  # the whole step in one execution; the loss read after it is computed
+        assert [r.trigger for r in records] == ["mark_step"], records
+    else:
+        assert [r.trigger for r in records] == ["item"], records
+        assert sizes[-1] == sizes[-2], sizes
+
+
 def test_inductors_fma_is_a_times_b_plus_c_rounded_once(dev):
     # torch 2.13's Dynamo writes addcmul_ / addcdiv_ (AdamW's moments) as this op
     from torch._inductor import inductor_prims  # noqa: F401 - registers prims.fma

@@ -264,8 +264,6 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None and replay.joins(values, training=training, direct=direct):
-            if forward and training:  # a step's chain starts from computed values: one step per marker
-                _compute_pending(values)
             return replay.emit(list(inputs), values)
         _compute_pending(values)
         if replay is not None:
