@@ -85,6 +85,7 @@ bench: venv
 	PJRT_DEVICE=CPU .venv/bin/python bench/tracing.py
 	.venv/bin/python bench/render.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/compiled.py
+	PJRT_DEVICE=CPU .venv/bin/python bench/executable_call.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/training.py
 	PJRT_DEVICE=CPU .venv/bin/python bench/real_models.py
 	.venv/bin/python bench/sharding.py

@@ -116,7 +116,7 @@ def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
     model = MLP().to(dev)
     modules = torch.nn.modules.module
     assert not modules._has_any_global_hook()  # xlakit's forward hooks are the modules' own
-    assert all(len(m._forward_pre_hooks) == 3 for m in model.modules())
+    assert all(len(m._forward_pre_hooks) == len(m._forward_hooks) == 1 for m in model.modules())
     torch.compile(model, backend="xlakit")(torch.randn(3, 8).to(dev))
     assert not [w for w in recwarn if "global hooks" in str(w.message)]
 

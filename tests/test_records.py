@@ -1,4 +1,6 @@
 """StepRecord's typed fields: enums equal to the strings users compare with, None for unknowns."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -77,3 +79,34 @@ def test_memory_and_cost_come_from_the_compiled_executable(dev):
     assert memory.devices == 1 and memory.device_limit is None   # the CPU says no limit
     assert cost.flops >= 2 * 16 * 64 * 32 and cost.bytes_accessed >= memory.arguments
     torch.testing.assert_close(y.cpu(), x.cpu() @ w.cpu())
+
+
+def test_each_replay_of_a_compiled_graph_has_a_record_of_its_own(dev):
+    # a replay's record copies the previous replay's (StepRecord.rerun): the executable's
+    # graph and key are shared, the run's own fields are its own, earlier records stay as they were
+    torch._dynamo.reset()
+    compiled = torch.compile(torch.nn.Linear(4, 2).to(dev), backend="xlakit")
+    x = torch.randn(3, 4).to(dev)
+    with torch.no_grad(), xlakit.capture() as steps:
+        for _ in range(4):
+            compiled(x)
+    replays = [r for r in steps if r.trigger == "compiled"]
+    assert len(replays) >= 3, steps
+    first = replays[0]
+    assert [r.index for r in replays] == list(range(first.index, first.index + len(replays)))
+    assert [r.uses for r in replays] == list(range(first.uses, first.uses + len(replays)))
+    assert all(r.cache is Cache.HIT and r.key == first.key and r.graph is first.graph for r in replays)
+    assert all(r.timings.execute > 0 and r.profile is None for r in replays)
+    assert "cache hit" in repr(replays[-1])
+    torch._dynamo.reset()
+
+
+def test_rerun_copies_a_record_with_the_fields_given(dev):
+    x = torch.ones(3).to(dev)
+    (x + 1).sum().item()
+    record = xlakit.last_step()
+    again = record.rerun(index=record.index + 1, uses=7)
+    assert (again.index, again.uses, again.graph, again.key) == (record.index + 1, 7, record.graph, record.key)
+    assert record.uses != 7 and dataclasses.replace(again, why=("w",)).why == ("w",)
+    with pytest.raises(TypeError, match="no field usage"):
+        record.rerun(usage=7)

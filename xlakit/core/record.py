@@ -337,6 +337,21 @@ class StepRecord:
         sizes = [d.nbytes for d in self.donated]
         return None if None in sizes else sum(sizes)
 
+    def rerun(self, **changes) -> StepRecord:
+        """The record of this record's executable run again the same way (same graph, key and
+        cache outcome): a copy with `changes`. A compiled function's replay makes one at every
+        call; copying the fields skips the dataclass __init__, which sets its frozen fields one
+        by one (~3 µs of a ~190 µs call)."""
+        unknown = changes.keys() - _STEP_FIELDS
+        if unknown:
+            raise TypeError(f"StepRecord.rerun: no field {', '.join(sorted(unknown))}")
+        record = object.__new__(StepRecord)
+        record.__dict__.update(self.__dict__, **changes)
+        return record
+
+
+_STEP_FIELDS = frozenset(f.name for f in dataclasses.fields(StepRecord))
+
 
 class _OpenCaptures(threading.local):
     def __init__(self):

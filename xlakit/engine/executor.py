@@ -119,8 +119,9 @@ class Engine:
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
-        self.tensors[tensor._cdata] = value
-        self._refs[tensor._cdata] = torch._C._WeakTensorRef(tensor)
+        key = tensor._cdata
+        self.tensors[key] = value
+        self._refs[key] = torch._C._WeakTensorRef(tensor)
         if len(self.tensors) > self._prune_at:  # long traces without a sync
             live = len(self.live_values())
             self._prune_at = max(2 * live, 10_000)
@@ -332,14 +333,14 @@ class Engine:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
             outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None))
+            execute_s = time.perf_counter() - t0
             graph_info = next(iter(entry.graph_infos.values()))
             found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
                                                                arrays)
             records, note = _guarded(entry, tuple(_donate(i, data) for i, data in donated.items()), note)
-            self._append_record(entry, entry.key, graph_info, trigger=trigger, cache=Cache.HIT, donated=records,
-                                note=note, source=source, numerics=found,
-                                timings=Timings(trace=self.trace_seconds, execute=time.perf_counter() - t0,
-                                                waited=config.wait_for_execution))
+            self._append_replay(entry, graph_info, trigger=trigger, donated=records, note=note, source=source,
+                                numerics=found, timings=Timings(trace=self.trace_seconds, execute=execute_s,
+                                                                waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
                 error = check_results.Step(checked, entry.checks, graph_info.nodes).read()
                 if error is not None:
@@ -350,29 +351,52 @@ class Engine:
 
     def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
                        donated: tuple, timings: Timings, note: str, source: str | None,
-                       changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> None:
-        self.counters["executions"] += 1
-        self.counters["donated_buffers"] += len(donated)
-        self.counters["donated_bytes"] += sum(d.nbytes for d in donated)
-        self.log.append(StepRecord(
+                       changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> StepRecord:
+        """Append the record of an execution; returns it as built (xlakit.profile() may revise the
+        one logged: its profile is that run's alone)."""
+        return self._log(StepRecord(
             index=self.log.next_index, trigger=trigger, key=key.key, components=dict(key.components),
             metadata_digest=key.metadata_digest, cache=cache, donated=donated,
             num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
             memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
-            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self.counters["cache_hits"] / max(
-                1, self.counters["cache_hits"] + self.counters["cache_misses"]),
+            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self._hit_rate(),
         ))
+
+    def _append_replay(self, entry, graph_info: GraphInfo, **run) -> None:
+        """A replay's record: what stays the same from one replay of `entry` to the next (its graph,
+        key, HLO, memory, cost) is copied from the record of the previous one."""
+        previous = entry.replayed
+        if previous is None:
+            entry.replayed = self._append_record(entry, entry.key, graph_info, cache=Cache.HIT, **run)
+        else:
+            entry.replayed = self._log(previous.rerun(
+                index=self.log.next_index, donation_note=run.pop("note"), uses=entry.uses,
+                cache_entries=len(self.cache), hit_rate=self._hit_rate(), **run))
+
+    def _hit_rate(self) -> float:
+        """In-memory cache hits / lookups so far."""
+        hits = self.counters["cache_hits"]
+        return hits / max(1, hits + self.counters["cache_misses"])
+
+    def _log(self, record: StepRecord) -> StepRecord:
+        """Count and keep one execution's record; returns it."""
+        self.counters["executions"] += 1
+        if record.donated:
+            self.counters["donated_buffers"] += len(record.donated)
+            self.counters["donated_bytes"] += sum(d.nbytes for d in record.donated)
+        self.log.append(record)
         self.trace_seconds = 0.0
         if self.profiling is not None:
-            changes = self.profiling.profile(self.log.records[-1])
+            changes = self.profiling.profile(record)
             if changes is not None:
-                self.log.revise(self.log.records[-1], **changes)
+                self.log.revise(record, **changes)
         if config.max_recompiles is not None:
             over = budget.LINES.observe(self.log.records[-1], config.max_recompiles, config.strict_recompiles)
             if over is not None:
                 budget.enforce(over)
+        return record
 
     def _load(self, key: keys.Key, graph: Graph, placement):
         """The executable an earlier process stored for this key: no lowering, no compile.
@@ -461,7 +485,8 @@ class Engine:
     def _block(self, graph: Graph | None) -> None:
         outputs, self.in_flight = self.in_flight, []
         try:
-            jax.block_until_ready(outputs)
+            # one output (a compiled inference call's): its own wait, without jax's walk of the list
+            outputs[0].block_until_ready() if len(outputs) == 1 else jax.block_until_ready(outputs)
         except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
             raise _execution_error(e, graph) from e
 

@@ -48,21 +48,28 @@ def _rebase_grads_of(param: torch.Tensor) -> None:
         _REBASED[param] = param.register_post_accumulate_grad_hook(_rebase_grad)
 
 
-def _on_first_forward(module: torch.nn.Module, args) -> None:
-    # The outermost module runs its pre-hook first, so names are relative to it.
-    if torch.compiler.is_compiling() or module in _SEEN:
+def _on_call(module: torch.nn.Module, args) -> None:
+    """Each call of a hooked module: the first names its parameters and buffers (the
+    outermost module runs its pre-hook first, so names are relative to it); each enters
+    its module path and checks autocast's device type. One pre-hook, not three: each hook
+    is a Python call at every call of the module (a compiled module's wrapper is hooked
+    too: ~5 µs of a ~190 µs call)."""
+    if torch.compiler.is_compiling():
         return
-    _SEEN.add(module)
-    for name, t in (*module.named_parameters(), *module.named_buffers()):
-        if t.device != DEVICE:
-            continue
-        labels.name_if_unnamed(t, name)
-        _rebase_grads_of(t)
+    if module not in _SEEN:
+        _SEEN.add(module)
+        for name, t in (*module.named_parameters(), *module.named_buffers()):
+            if t.device != DEVICE:
+                continue
+            labels.name_if_unnamed(t, name)
+            _rebase_grads_of(t)
+    module_paths.module_entered(module, args)
+    autocast.warn_other_device_type(module, args)
 
 
 # -- the hooks of modules on the device -------------------------------------------
 def _hooked(module: torch.nn.Module) -> bool:
-    return any(hook is _on_first_forward for hook in module._forward_pre_hooks.values())
+    return any(hook is _on_call for hook in module._forward_pre_hooks.values())
 
 
 def hook(module: torch.nn.Module) -> None:
@@ -70,10 +77,8 @@ def hook(module: torch.nn.Module) -> None:
     of a hooked module has them already)."""
     for m in module.modules():
         if not _hooked(m):
-            m.register_forward_pre_hook(_on_first_forward)
-            m.register_forward_pre_hook(module_paths.module_entered)
+            m.register_forward_pre_hook(_on_call)
             m.register_forward_hook(module_paths.module_left, always_call=True)
-            m.register_forward_pre_hook(autocast.warn_other_device_type)
 
 
 def _hook_if_on_device(module: torch.nn.Module) -> None:
