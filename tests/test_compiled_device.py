@@ -199,6 +199,24 @@ def test_compiled_inference_matches_eager(dev, name):
     assert not _failures(log)
 
 
+def test_two_graphs_of_one_key_each_show_their_own_module_paths(dev):
+    # the same MLP at the top and inside a Sequential: one key (paths are metadata), one
+    # executable, two graphs whose records name their own modules
+    torch.manual_seed(0)
+    calls = [torch.compile(m.to(dev), backend="xlakit") for m in (MLP(), torch.nn.Sequential(MLP()))]
+    x = torch.randn(3, 8).to(dev)
+    with torch.no_grad():
+        for _ in range(2):
+            for call in calls:
+                call(x)
+        with xlakit.capture() as records:
+            for call in calls * 2:
+                call(x)
+    assert len({r.key for r in records}) == 1 and [r.cache for r in records] == ["hit"] * 4, records
+    paths = [{n.module for n in r.graph.nodes} - {""} for r in records]
+    assert paths == [{"l1", "l2"}, {"0", "0.l1", "0.l2"}] * 2, paths  # "0": its own relu
+
+
 def _update_and_alias(x, y):
     y.add_(1)            # an input updated in place
     return x.t(), x * y  # a view of an input
@@ -269,7 +287,10 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     compiled = torch.compile(train_step, backend="xlakit")
     frames = []
     with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
-        for step in range(STEPS):
+        # one step more: SGD's momentum buffers, new at the second step, trace its graph again, and
+        # the sync before that trace leaves BatchNorm's updates for the third: the fourth is the first
+        # of the steps that repeat
+        for step in range(STEPS + 1):
             torch.manual_seed(step)  # dropout draws the same masks in both
             before = len(xlakit.steps())
             got = compiled(model, opt, _to(inputs, dev), target.to(dev), loss_fn)

@@ -152,7 +152,8 @@ def test_a_torch_compile_graph_replayed_on_device_buffers_is_profiled(dev):
     assert profile.coverage > 0 and {"0", "2"} <= profile.by_module.keys()
     assert all(bool(op.nodes) != bool(op.xla_own) for op in profile.ops)
     assert_same(got.detach(), eager(x).detach())
-    compiled(x.to(dev))  # after the block: its record copies the last replay's, not the profiled one
+    with torch.no_grad():
+        compiled(x.to(dev))  # after the block: its record copies the last replay's, not the profiled one
     assert xlakit.last_step().trigger == "compiled" and xlakit.last_step().profile is None
     torch._dynamo.reset()
 

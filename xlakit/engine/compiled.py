@@ -75,8 +75,10 @@ def unshared(engine: Engine, buffers: list[DeviceData]) -> bool:
     return all(n == 1 for n in holders.values())
 
 
-def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, source: str | None = None):
+def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, metadata: str):
     """Run a compiled graph's executable on `arrays`, giving it the `donated` buffers
-    (by parameter position); a StepRecord of trigger `compiled`. Returns the output arrays."""
+    (by parameter position); a StepRecord of trigger `compiled` that shows the graph whose
+    metadata digest is `metadata` (two graphs of one key, from two modules, share an
+    executable, not their module paths). Returns the output arrays."""
     note = "" if donated else "replay: an input it updates is still read elsewhere, or it updates none"
-    return engine.replay(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, source=source)
+    return engine.replay(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, metadata=metadata)

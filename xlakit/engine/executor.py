@@ -325,20 +325,21 @@ class Engine:
         return entry, outcome, lower_s, compile_s, changed, why
 
     def replay(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
-               note: str, source: str | None = None):
+               note: str, metadata: str):
         """Run a cached executable on given input arrays (torch.compile's graphs, engine/compiled.py);
         `donated` maps the parameter positions whose buffers it is given to those buffers, which
-        are dead after. Appends a StepRecord; returns the output arrays."""
+        are dead after. Appends a StepRecord showing the graph of metadata digest `metadata`;
+        returns the output arrays."""
         with self.lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
             outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None))
             execute_s = time.perf_counter() - t0
-            graph_info = next(iter(entry.graph_infos.values()))
+            graph_info = entry.graph_infos.get(metadata) or next(iter(entry.graph_infos.values()))
             found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
                                                                arrays)
             records, note = _guarded(entry, tuple(_donate(i, data) for i, data in donated.items()), note)
-            self._append_replay(entry, graph_info, trigger=trigger, donated=records, note=note, source=source,
+            self._append_replay(entry, graph_info, trigger=trigger, donated=records, note=note, source=None,
                                 numerics=found, timings=Timings(trace=self.trace_seconds, execute=execute_s,
                                                                 waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
@@ -368,7 +369,7 @@ class Engine:
         """A replay's record: what stays the same from one replay of `entry` to the next (its graph,
         key, HLO, memory, cost) is copied from the record of the previous one."""
         previous = entry.replayed
-        if previous is None:
+        if previous is None or previous.graph is not graph_info:  # another graph of the same key
             entry.replayed = self._append_record(entry, entry.key, graph_info, cache=Cache.HIT, **run)
         else:
             entry.replayed = self._log(previous.rerun(

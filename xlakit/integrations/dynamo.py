@@ -35,7 +35,7 @@ from ..core import module_paths, sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Source, instantiate, structure
 from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
-from ..engine import cache, compiled
+from ..engine import cache, compiled, keys
 from ..engine.executor import current
 from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
@@ -100,7 +100,8 @@ class _Replay:
 
     param_sources: per executable input, a placeholder position, a constant
     DeviceData, or a draw (_Draw); outputs: per FX output, (executable output index, aval), an
-    input position (passed through), or None. graph: the execution's graph without its
+    input position (passed through), or None. metadata: the metadata digest of the graph
+    traced (its lines and module paths: what its records show). graph: the execution's graph without its
     buffers (core/ir.structure), what `emit` records again. donors: the parameter positions
     of the inputs the graph updates in place -> their placeholder positions; the executable
     that donates their buffers is compiled at its first use (engine/compiled.py).
@@ -109,9 +110,9 @@ class _Replay:
     so that copy is a host one, not a read of a new device tensor.
     """
 
-    def __init__(self, entry, graph: Graph, placement, param_sources: list, outputs: list, draws: list,
-                 donors: dict, to_host: frozenset, updates: bool):
-        self.entry, self.graph, self.placement = entry, graph, placement
+    def __init__(self, entry, metadata: str, graph: Graph, placement, param_sources: list, outputs: list,
+                 draws: list, donors: dict, to_host: frozenset, updates: bool):
+        self.entry, self.metadata, self.graph, self.placement = entry, metadata, graph, placement
         self.param_sources, self.outputs, self.draws = param_sources, outputs, draws
         self.donors, self.to_host, self.updates = donors, to_host, updates
         self.donating = None
@@ -121,9 +122,11 @@ class _Replay:
         engine = current()
         arrays = [a.array for a in self._arguments(inputs, values, lambda value: engine.read(value))]
         donated = self._donated(values)
-        if donated and self.donating is None:
-            self.donating = compiled.donating(engine, self.graph, tuple(sorted(self.donors)), self.placement)
-        results = compiled.run(engine, self.donating if donated else self.entry, arrays, donated)
+        if donated and self.donating is None:  # (entry, its graph's metadata digest)
+            self.donating = (compiled.donating(engine, self.graph, tuple(sorted(self.donors)), self.placement),
+                             keys.metadata_digest(self.graph))
+        entry, metadata = self.donating if donated else (self.entry, self.metadata)
+        results = compiled.run(engine, entry, arrays, donated, metadata=metadata)
         on_device = any(v is not None for v in values)
         return [out if out is None else inputs[out] if isinstance(out, int)
                 else _wrap_output(results[out[0]], out[1], on_device and k not in self.to_host)
@@ -490,8 +493,8 @@ def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: l
               if i is not None and i in parameter_of and isinstance(out, tuple)
               and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
     placement = sharding.plan(graph, tuple(sorted(donors))) if donors else None
-    return _Replay(entry, structure(graph), placement, sources, outputs, list(redrawn.values()), donors, to_host,
-                   updates)
+    return _Replay(entry, keys.metadata_digest(graph), structure(graph), placement, sources, outputs,
+                   list(redrawn.values()), donors, to_host, updates)
 
 
 def _flatten(value):
