@@ -306,7 +306,7 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     assert len(graphs) >= 3, graphs  # forward, backward, optimizer step
     assert all(g.replays for g in graphs), graphs  # each runs its executable, not traced again
     # the last step: forward, backward and optimizer graphs one executable, and nothing else runs
-    # (AdamW's step counts, wanted on the host, are computed apart); what it updates in place
+    # (AdamW's step counts, wanted on the host, are its outputs, read after it); what it updates in place
     # is donated: parameters, momentum or both moments, BatchNorm's statistics
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
     assert all(r.num_nodes > 1 for r in records), [r.num_nodes for r in records]

@@ -13,15 +13,16 @@ traced graph again into the lazy IR (core/ir.instantiate), reading the call's
 inputs, and the step marker the optimizer's graph ends with computes forward,
 backward and optimizer step as one executable (integrations/dynamo.py says when).
 
-An input still pending that one node makes from computed operands (autograd's
-`ones_like(loss)` grad seed, fed to each backward graph; an optimizer's step count,
-wanted on the host) is computed by its lowering alone: one dispatch, not a step of its own.
+An input still pending that is a constant fill of computed operands (autograd's
+`ones_like(loss)` grad seed, fed to a backward graph that runs now) is computed by its
+lowering alone: one dispatch, not a step of its own.
 """
 from __future__ import annotations
 
 from ..core.ir import DeviceData, Graph, op_name, operand_data, pending_nodes
 from ..core.record import Trigger
 from ..lowerings import to_jax
+from ..lowerings.factories import FILLS
 from . import keys
 from .executor import Engine, compile_flags
 
@@ -37,14 +38,12 @@ def donating(engine: Engine, graph: Graph, donors: tuple[int, ...], placement):
         return entry
 
 
-def evaluate_apart(values: list, ops: frozenset[str] | None = None) -> None:
-    """Compute each pending value in `values` (LiveValues, or None) that one node makes from
-    computed operands (of `ops` only, where given) by its lowering alone, with no step:
-    a graph's constant input (autograd's grad seed), or a host value a step makes
-    (an optimizer's step count)."""
+def fill_constants(values: list) -> None:
+    """Compute each pending value in `values` (LiveValues, or None) that is a fill of computed
+    operands by its lowering alone, with no step: a graph's inputs, fed before it runs."""
     for value in values:
         node = value.node if value is not None else None
-        if node is None or (ops is not None and op_name(node.op) not in ops):
+        if node is None or op_name(node.op) not in FILLS:
             continue
         operands = [operand_data(o) for o in node.operands]
         if any(o is None for o in operands):

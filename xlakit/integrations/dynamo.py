@@ -40,7 +40,6 @@ from ..engine.executor import current
 from ..front import dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
 from ..lowerings import verdicts
-from ..lowerings.factories import FILLS
 
 
 @dataclasses.dataclass
@@ -153,22 +152,13 @@ class _Replay:
     def emit(self, inputs: list, values: list):
         """The graph recorded again into the lazy IR on these inputs (pending ones read as
         they are): its outputs are pending lazy tensors, computed by the next sync, one
-        executable with whatever else that sync computes; those wanted on the host are
-        computed apart, now."""
-        operands = self._arguments(inputs, values, lambda value: value.operand())
-        nodes = instantiate(self.graph, operands)
-        outputs = []
-        for k, out in enumerate(self.outputs):
-            if out is None or isinstance(out, int):
-                outputs.append(out if out is None else inputs[out])
-                continue
-            (node, index), aval = self.graph.roots[out[0]], out[1]
-            value = new_tensor(aval, nodes[node], index)
-            if k in self.to_host:
-                outputs.append(_on_host(value._state))
-            else:
-                outputs.append(torch._to_functional_tensor(value))
-        return outputs
+        executable with whatever else that sync computes (those wanted on the host too:
+        xlakit_backend copies them there after that sync)."""
+        nodes = instantiate(self.graph, self._arguments(inputs, values, lambda value: value.operand()))
+        return [out if out is None else inputs[out] if isinstance(out, int) else
+                torch._to_functional_tensor(new_tensor(out[1], nodes[self.graph.roots[out[0]][0]],
+                                                       self.graph.roots[out[0]][1]))
+                for out in self.outputs]
 
     def _arguments(self, inputs: list, values: list, of_value) -> list:
         """Per executable input, its device data (or, with `of_value` LiveValue.operand, a pending
@@ -223,16 +213,6 @@ def _wrap_output(array, aval, on_device: bool):
         # that front/tensor.py's owners track), as _outputs_like does
         return torch._to_functional_tensor(new_tensor(aval, data=DeviceData(array, aval)))
     return transfer.to_host(array, aval.dtype)
-
-
-def _on_host(value) -> torch.Tensor:
-    """A pending output wanted on the host (a step count), computed apart from the step that
-    makes the rest (engine/compiled.py), or by a sync of its own where one node cannot."""
-    compiled.evaluate_apart([value])
-    if value.node is not None:
-        current().sync([value], trigger=Trigger.COMPILED)
-    data = value.data if value.data is not None else current().read(value)
-    return transfer.to_host(data.array, value.aval.dtype)
 
 
 def _to_lazy(t):
@@ -317,7 +297,7 @@ def _compute_pending(values) -> None:
     pending = [value for value in values if value is not None]
     for value in pending:
         value.resolve()
-    compiled.evaluate_apart(pending, FILLS)
+    compiled.fill_constants(pending)
     pending = [value for value in pending if value.node is not None]
     if pending or current().asserts:  # a pending assert as well: else the trace would keep checking it
         current().sync(pending, trigger=Trigger.DYNAMO)
@@ -563,13 +543,27 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
             torch._C._set_grad_enabled(grad)
         if not updated:
             return outputs
+        on_host = [(args[i], new) for i, new in zip(updated, outputs) if args[i].device != DEVICE]
         for i, new in zip(updated, outputs):
-            _copy_in(args[i], new)
+            if args[i].device == DEVICE:
+                _copy_in(args[i], new)
         if any(_pending(args[i]) for i in updated):  # an optimizer step that joined the lazy step ends it
             current().sync(trigger=Trigger.COMPILED)
+        for original, new in on_host:  # step counts: computed by that step, read after it
+            _copy_in(original, _computed_on_host(new))
         return outputs[len(updated):]
 
     return call
+
+
+def _computed_on_host(t: torch.Tensor) -> torch.Tensor:
+    """A device tensor already computed, on the host: read directly (`.cpu()` would sync,
+    and a step ends by reading dozens of step counts)."""
+    if t.device != DEVICE:
+        return t
+    value = unwrap(t)._state
+    value.resolve()
+    return t if value.data is None else transfer.to_host(value.data.array, value.aval.dtype)
 
 
 def _pending(t) -> bool:
