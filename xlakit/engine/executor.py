@@ -486,8 +486,7 @@ class Engine:
     def _block(self, graph: Graph | None) -> None:
         outputs, self.in_flight = self.in_flight, []
         try:
-            # one output (a compiled inference call's): its own wait, without jax's walk of the list
-            outputs[0].block_until_ready() if len(outputs) == 1 else jax.block_until_ready(outputs)
+            jax.block_until_ready(outputs)
         except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
             raise _execution_error(e, graph) from e
 
