@@ -151,11 +151,13 @@ class Engine:
         self.trace_seconds += seconds
 
     def live_values(self) -> list[LiveValue]:
-        """Values of tensors still alive; forget the rest."""
-        dead = [k for k, ref in self._refs.items() if ref.expired()]
-        for k in dead:
-            del self.tensors[k], self._refs[k]
-        return list({id(v): v for v in self.tensors.values()}.values())
+        """Values of tensors still alive; forget the rest. Other threads register tensors as they
+        record ops, outside the lock: the dicts are read from snapshots (list() of a dict holds
+        the GIL throughout), and a key is dropped only while it still holds the dead reference."""
+        for k, ref in list(self._refs.items()):
+            if ref.expired() and self._refs.get(k) is ref:
+                del self.tensors[k], self._refs[k]
+        return list({id(v): v for v in list(self.tensors.values())}.values())
 
     # -- syncs --------------------------------------------------------------
     def sync(self, tensors=None, *, trigger: Trigger, source: str | None = None):
