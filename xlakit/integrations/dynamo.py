@@ -5,7 +5,10 @@ through the lazy engine. If it became exactly one executable with no eager
 fallback, later calls with the same input shapes, dtypes and Python ints
 replay that executable directly on the input buffers (a model on the device:
 its parameters' buffers, nothing copied), donating the buffers of the inputs
-the graph updates in place (engine/compiled.py);
+the graph updates in place (engine/compiled.py); the graphs of a training step
+(AOTAutograd's forward and backward, then an optimizer's graph fed pending gradients)
+are recorded again into the lazy step instead, which the optimizer's graph ends: one
+executable per step (_Replay.joins);
 random draws (dropout's noise, rand_like) are drawn again at each replay by
 torch's CPU generator, in the traced order, as the lazy path draws them;
 otherwise (ops with no lowering, data-dependent syncs, a draw that is an
