@@ -28,8 +28,8 @@ class Check:
     error: type[Exception]                 # what eager raises: IndexError, or RuntimeError
     message: str                           # eager's message; "{index}" stands for the offending value
     valid: tuple[int, int] | None = None   # the valid index range [low, high), when known
-    # eager stops there (an assert): the ops recorded after it depend on it too, not only those
-    # that read its operands, so what they update keeps its old value if it fails
+    # eager stops there (an assert): the nodes its graph places after it depend on it too, not
+    # only those that read its operands, so what they update keeps its old value if it fails
     halts: bool = False
 
     def exception(self, bad: int, op: str, where: str) -> Exception:

@@ -158,10 +158,14 @@ class _Replay:
         executable with whatever else that sync computes (those wanted on the host too:
         xlakit_backend copies them there after that sync)."""
         nodes = instantiate(self.graph, self._arguments(inputs, values, lambda value: value.operand()))
-        return [out if out is None else inputs[out] if isinstance(out, int) else
-                torch._to_functional_tensor(new_tensor(out[1], nodes[self.graph.roots[out[0]][0]],
-                                                       self.graph.roots[out[0]][1]))
-                for out in self.outputs]
+        outputs = []
+        for out in self.outputs:
+            if out is None or isinstance(out, int):
+                outputs.append(out if out is None else inputs[out])
+            else:
+                (position, index), aval = self.graph.roots[out[0]], out[1]
+                outputs.append(torch._to_functional_tensor(new_tensor(aval, nodes[position], index)))
+        return outputs
 
     def _arguments(self, inputs: list, values: list, of_value) -> list:
         """Per executable input, its device data (or, with `of_value` LiveValue.operand, a pending

@@ -5,9 +5,10 @@ is zero. The lowering asks for that check and returns an empty array: the
 op has no output, and the node needs one that a step can return so that it is
 not cut away (front/recorder.py keeps it for the next sync). The check is read
 with the step's others, so a passing assert costs no sync and splits nothing.
-Eager stops at a failed assert: the check halts (core/checks.py), so what was
-recorded after it is poisoned, or keeps its old value where it updated a
-tensor of the user's in place, as for any failed check (engine/check_results.py).
+Eager stops at a failed assert: the check halts (core/checks.py), so what the
+graph places after it (all it does not need: asserts are cut first) is poisoned,
+or keeps its old value where it updated a tensor of the user's in place, as for
+any failed check (engine/check_results.py).
 """
 from __future__ import annotations
 
