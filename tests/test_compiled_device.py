@@ -351,6 +351,37 @@ def test_a_compiled_model_trained_by_a_lazy_optimizer_joins_the_lazy_step(dev, s
         assert sizes[-1] == sizes[-2], sizes
 
 
+def _amp_step(model, optimizer, x, y, whole):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=whole):  # backward and step too, or not
+        loss = torch.nn.functional.mse_loss(out.float(), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return out, loss
+
+
+@pytest.mark.parametrize("whole", [False, True], ids=["forward", "whole_step"])
+def test_a_compiled_training_step_under_autocast_matches_eager_and_is_one_executable(dev, whole):
+    # the region inside the compiled function casts as eager's does (the forward's output is bf16), and
+    # the optimizer's graph, called inside a region, runs as AOTAutograd runs it (autocast off around
+    # it) and joins the step as outside one
+    eager, model, compiled_model, x = _compiled_mlp(dev)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, model)]
+    y = torch.randn(x.shape[0], 4)
+    compiled = torch.compile(_amp_step, backend="xlakit")
+    for _ in range(STEPS):
+        with xlakit.capture() as records:
+            got = compiled(model, opts[1], x.to(dev), y.to(dev), whole)
+        want = _amp_step(eager, opts[0], x, y, whole)
+        for g, w in zip(got, want):
+            assert_same(g.detach(), w.detach(), rtol=1.6e-2, atol=1e-2)  # bf16 matmuls (tests/test_amp.py)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q.detach(), rtol=1.6e-2, atol=1e-2)
+    assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
+
+
 def test_inductors_fma_is_a_times_b_plus_c_rounded_once(dev):
     # torch 2.13's Dynamo writes addcmul_ / addcdiv_ (AdamW's moments) as this op
     from torch._inductor import inductor_prims  # noqa: F401 - registers prims.fma

@@ -18,6 +18,7 @@ where their casts follow from the arguments, and warn where they do not.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -167,6 +168,22 @@ def _autocast_exit(self, *exc):
         _PUSHED.value = False
         mode.__exit__(*exc)
     return _exit(self, *exc)
+
+
+@contextlib.contextmanager
+def in_traced_graphs():
+    """The policy applied while torch.compile's backend traces a graph: the regions the
+    graph enters itself (through torch.amp._enter_autocast) push no mode, and the mode
+    casts only inside them (it reads the autocast state at each call)."""
+    if _PUSHED.value:
+        yield
+        return
+    _PUSHED.value = True
+    try:
+        with _Autocast():
+            yield
+    finally:
+        _PUSHED.value = False
 
 
 _OTHER_DEVICE = "autocast for another device type"  # its warning's entry in _WARNED

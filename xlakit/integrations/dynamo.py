@@ -40,7 +40,7 @@ from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled, keys
 from ..engine.executor import current
-from ..front import dynamo_frames, install
+from ..front import autocast, dynamo_frames, install
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
 from ..lowerings import verdicts
 
@@ -530,8 +530,9 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
             direct.append((run, updated))
         return make_boxed_func(run)
 
-    compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False), inference_compiler=inference)(
-        gm, example_inputs)
+    with autocast.in_traced_graphs():  # an autocast region inside the graph casts as in eager
+        compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False),
+                                inference_compiler=inference)(gm, example_inputs)
     # inputs in lists reach the graph flattened by AOTAutograd
     if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return compiled
@@ -539,13 +540,13 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
 
     @torch._dynamo.disable(reason="xlakit runs the graph")
     def call(*args):
-        if torch._C._is_any_autocast_enabled():  # AOTAutograd's wrapper turns it off around the graph
-            return compiled(*args)
         args = (*held, *args) if held else args
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
+        amp = torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
         try:
-            outputs = run(*args, direct=True)
+            with amp:  # off around the graph, as AOTAutograd's wrapper runs it
+                outputs = run(*args, direct=True)
         finally:
             torch._C._set_grad_enabled(grad)
         if not updated:
