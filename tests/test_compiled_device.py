@@ -351,6 +351,32 @@ def test_a_compiled_model_trained_by_a_lazy_optimizer_joins_the_lazy_step(dev, s
         assert sizes[-1] == sizes[-2], sizes
 
 
+@pytest.mark.parametrize("write", ["fill_", "data_fill_", "data_assign"])
+def test_a_step_count_written_between_compiled_steps_is_read_anew(dev, write):
+    # a step reads each host step count from the device value the step before computed, while
+    # the host tensor still holds that value: however the user writes it, the next step reads it
+    eager, model, _, x = _compiled_mlp(dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-6) for m in (eager, model)]
+    y = torch.randn(x.shape[0], 4)
+    compiled = torch.compile(train_step, backend="xlakit")
+    for step in range(STEPS + 2):
+        if step == STEPS:
+            for opt in opts:
+                for state in opt.state.values():
+                    if write == "fill_":
+                        state["step"].fill_(1.0)
+                    elif write == "data_fill_":
+                        state["step"].data.fill_(1.0)  # no version bump
+                    else:
+                        state["step"].data = torch.tensor(1.0)
+        got = compiled(model, opts[1], (x.to(dev),), y.to(dev), torch.nn.functional.mse_loss)
+        want = train_step(eager, opts[0], (x,), y, torch.nn.functional.mse_loss)
+        assert_same(got.detach(), want.detach(), **TOL)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q.detach(), **TOL)
+    assert [s["step"].item() for s in opts[1].state.values()] == [s["step"].item() for s in opts[0].state.values()]
+
+
 def _amp_step(model, optimizer, x, y, whole):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
