@@ -310,6 +310,8 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     # is donated: parameters, momentum or both moments, BatchNorm's statistics
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
     assert all(r.num_nodes > 1 for r in records), [r.num_nodes for r in records]
+    # its graphs, recorded again as the step before recorded them, reuse that step's cut and key
+    assert records[0].replay.recorded == 0 and records[0].replay.replayed >= records[0].num_nodes, records[0].replay
     modules = {n.module for r in records for n in r.graph.nodes}
     assert {"0", "backward.0", "optimizer"} <= modules if name != "gpt2" else {"model.lm_head", "optimizer"} <= modules
     shapes = [tuple(p.shape) for p in model.parameters()] * (2 if opt_name == "sgd_momentum" else 3)

@@ -13,6 +13,10 @@ guard only decides how much work recording skips. Source lines are taken anew
 for every op: a replayed node shows this step's lines, and the metadata digest
 is recomputed when one differs.
 
+A torch.compile graph recorded again into the step (integrations/dynamo.py) is matched
+as one op: the same graph, its operands read from the same places. A compiled training
+step is then one run of three such graphs, its cut and key reused from the step before.
+
 Runs are found by the sync that began them (its trigger and line): a loop that
 reads its loss with `.item()` mid-step alternates two runs, each matched with its
 own. What a run keeps is per op (`Expected`), never the previous step's nodes or
@@ -59,6 +63,20 @@ class Expected:
         self.op, self.template, self.slots, self.layouts_in, self.avals_in = op, template, slots, layouts_in, avals_in
         self.default_dtype, self.avals, self.structure, self.signature = default_dtype, avals, structure, signature
         self.layouts, self.source = layouts, source
+
+
+class _GraphNode:
+    """One node of a compiled graph recorded again (ir.instantiate, integrations/dynamo.py):
+    the graph is matched as a whole, at its first node (`first`), by the graph's identity and
+    where its operands come from (`slots`, as Expected's). No recorded op matches it."""
+
+    __slots__ = ("op", "graph", "slots", "source", "first")
+
+    def __init__(self, graph: Graph, slots: tuple, source, first: bool):
+        self.op, self.graph, self.slots, self.source, self.first = _COMPILED_NODE, graph, slots, source, first
+
+
+_COMPILED_NODE = "a compiled graph's node"  # _GraphNode.op: never an op the recorder sees
 
 
 @dataclasses.dataclass
@@ -319,6 +337,52 @@ class Tape:
             avals_in.append(_aval_of(operand))
         run.recorded.append(Expected(node.op, template, tuple(slots), tuple(layouts_in), tuple(avals_in),
                                      default_dtype, node.avals, structure, node.signature, layouts, node.source))
+
+    def add_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
+        """Note the nodes of `graph` (a structure) recorded again on `operands` (per param:
+        device data or a pending (node, output)): replayed, as one, if the run it follows
+        recorded the same graph here on operands from the same places."""
+        run = self._run
+        run.ops += len(nodes)
+        if not run.recording or not nodes:
+            return
+        if run.first_seq < 0:
+            run.first_seq = nodes[0].seq
+        if len(run.recorded) + len(nodes) > LIMIT:
+            run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
+            return
+        slots = tuple(self._graph_slot(operand) for operand in operands)
+        position = len(run.recorded)
+        run.nodes.extend(nodes)
+        if not run.why:
+            expected = run.expected.recorded[position] if position < len(run.expected.recorded) else None
+            same_graph = expected.__class__ is _GraphNode and expected.first and expected.graph is graph
+            if same_graph and expected.slots == slots and ("x",) not in slots and self._same_new_inputs(run):
+                run.replayed += len(nodes)
+                run.recorded.extend(run.expected.recorded[position:position + len(nodes)])
+                return
+            run.why = f"op {position}: a compiled graph recorded again " + (
+                "on inputs from other places" if same_graph else "where the run it follows had another op"
+                if expected is not None else f"is new: the run it follows had {position} ops")
+        run.recorded.extend(_GraphNode(graph, slots, node.source, k == 0) for k, node in enumerate(nodes))
+
+    def _graph_slot(self, operand) -> tuple:
+        """Where a compiled graph's operand came from (see Expected.slots)."""
+        if operand.__class__ is tuple:
+            position = self._run.position(operand[0])
+            return ("n", position, operand[1]) if position >= 0 else ("x",)
+        run = self._run
+        ordinal = run.inputs.get(operand)
+        if ordinal is None:
+            ordinal = run.inputs[operand] = len(run.inputs)
+            run.input_avals.append(operand.aval)
+        return ("d", ordinal)
+
+    @staticmethod
+    def _same_new_inputs(run: Run) -> bool:
+        """Whether the inputs this run has read so far have the avals the expected run's had."""
+        known = run.expected.input_avals
+        return len(run.input_avals) <= len(known) and run.input_avals == known[:len(run.input_avals)]
 
     def _slot(self, t, operand) -> tuple:
         """Where a recorded operand came from (see Expected.slots)."""

@@ -164,7 +164,9 @@ class _Replay:
         they are): its outputs are pending lazy tensors, computed by the next sync, one
         executable with whatever else that sync computes (those wanted on the host too:
         xlakit_backend copies them there after that sync)."""
-        nodes = instantiate(self.graph, self._arguments(inputs, values, lambda value: value.operand()))
+        operands = self._arguments(inputs, values, lambda value: value.operand())
+        nodes = instantiate(self.graph, operands)
+        current().tape.add_graph(self.graph, operands, nodes)  # a repeated step then reuses its cut and key
         outputs = []
         for out in self.outputs:
             if out is None or isinstance(out, int):
