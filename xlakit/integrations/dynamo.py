@@ -555,7 +555,11 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         for i, new in zip(updated, outputs):
             if args[i].device == DEVICE:
                 _copy_in(args[i], new)
-        if any(_pending(args[i]) for i in updated):  # an optimizer step that joined the lazy step ends it
+        # an optimizer step that joined the lazy step ends it: a graph that updates parameters, or
+        # host inputs (its step counts, read below); one that updates only gradients
+        # (clip_grad_norm_ rescaling them) leaves the step to the optimizer's graph that follows
+        if any(_pending(args[i]) for i in updated) and \
+                (on_host or any(args[i].requires_grad for i in updated)):
             current().sync(trigger=Trigger.COMPILED)
         for original, new in on_host:  # step counts: computed by that step, read after it
             _copy_in(original, _computed_on_host(new))

@@ -1,0 +1,347 @@
+"""Compiled programs users write that the common training step does not show (gradient
+accumulation, clipping, LR schedules, frozen layers, varying batches, graph breaks, in-place
+updates of inputs and buffers, tied weights): each run eagerly on the host and compiled on
+xlakit's device, several steps, and the loss, outputs, parameters and optimizer state compared
+(values, dtypes, shapes, strides)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_same
+from test_compiled_device import STEPS, TOL, _failures, _to, dynamo_log, fresh_dynamo  # noqa: F401 - a fixture
+
+import xlakit
+
+
+class Net(torch.nn.Module):
+    """Two layers, a buffer the forward updates in place (a call count)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.l2(torch.relu(self.l1(x)))
+
+
+class TiedLM(torch.nn.Module):
+    """An LM head that is the token embedding, and one block called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(12, 8)
+        self.block = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 12, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids):
+        h = torch.tanh(self.block(self.embed(ids)))
+        return self.head(torch.tanh(self.block(h)))
+
+
+def _same(got, want, tol=TOL):
+    """Tensors (values, dtype, shape, strides), numbers and their containers equal eager's."""
+    if isinstance(want, torch.Tensor):
+        assert_same(got.detach(), want.detach(), **tol)
+        assert got.stride() == want.stride(), (got.stride(), want.stride())
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), (got, want)
+        for g, w in zip(got, want):
+            _same(g, w, tol)
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=2e-4, abs=2e-5)
+    else:
+        assert got == want
+
+
+def _same_state(model, eager, optimizers=()):
+    """Every parameter, buffer, gradient and optimizer state tensor equals eager's."""
+    for (name, p), q in zip(model.state_dict().items(), eager.state_dict().values()):
+        _same(p, q)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        if q.grad is not None:
+            _same(p.grad, q.grad)
+    for opt, eager_opt in optimizers:
+        for p, q in zip(opt.param_groups[0]["params"], eager_opt.param_groups[0]["params"]):
+            state, eager_state = opt.state[p], eager_opt.state[q]
+            assert state.keys() == eager_state.keys()
+            for key in eager_state:
+                _same(state[key], eager_state[key])
+
+
+def _pair(make_model=Net, make_opt=None):
+    """(eager model, its copy on the device[, their optimizers]) from seed 0."""
+    torch.manual_seed(0)
+    eager = make_model()
+    model = copy.deepcopy(eager).to(xlakit.device())
+    if make_opt is None:
+        return eager, model
+    return eager, model, make_opt(eager.parameters()), make_opt(model.parameters())
+
+
+def _sgd(ps):
+    return torch.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+
+def _adamw(ps):
+    return torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, eps=1e-6)
+
+
+def _batch(step, n=6):
+    torch.manual_seed(100 + step)
+    return torch.randn(n, 8), torch.randn(n, 4)
+
+
+def _check_log(log):
+    assert log.xlakit_frames() == {}, log.frames
+    assert not _failures(log), _failures(log)
+
+
+# -- 1. gradient accumulation ----------------------------------------------------------
+
+def _micro(model, x, y):
+    loss = F.mse_loss(model(x), y) / 2
+    loss.backward()
+    return loss
+
+
+def _opt_step(opt):
+    opt.step()
+    opt.zero_grad()
+
+
+def _accumulate(model, opt, xs, ys):
+    losses = []
+    for x, y in zip(xs, ys):
+        losses.append(_micro(model, x, y))
+    _opt_step(opt)
+    return losses
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+@pytest.mark.parametrize("whole", [False, True], ids=["per_micro_batch", "whole_loop"])
+def test_gradient_accumulation_matches_eager(dev, whole, opt_name):
+    eager, model, eager_opt, opt = _pair(Net, {"sgd": _sgd, "adamw": _adamw}[opt_name])
+    micro, step = torch.compile(_micro, backend="xlakit"), torch.compile(_opt_step, backend="xlakit")
+    whole_step = torch.compile(_accumulate, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            (x1, y1), (x2, y2) = _batch(k), _batch(k + 50)
+            want = _accumulate(eager, eager_opt, (x1, x2), (y1, y2))
+            if whole:
+                got = whole_step(model, opt, _to((x1, x2), dev), _to((y1, y2), dev))
+            else:
+                got = [micro(model, x1.to(dev), y1.to(dev)), micro(model, x2.to(dev), y2.to(dev))]
+                step(opt)
+            _same(got, want)
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+# -- 2. gradient clipping --------------------------------------------------------------
+
+def _clipped_step(model, opt, x, y, clip):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    if clip == "norm":
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+    else:
+        torch.nn.utils.clip_grad_value_(model.parameters(), 0.05)
+        norm = None
+    opt.step()
+    opt.zero_grad()
+    return loss, norm
+
+
+@pytest.mark.parametrize("clip", ["norm", "value"])
+def test_gradient_clipping_inside_the_step_matches_eager(dev, clip):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_clipped_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            with xlakit.capture() as records:
+                got = compiled(model, opt, x.to(dev), y.to(dev), clip)
+            _same(got, _clipped_step(eager, eager_opt, x, y, clip))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+    assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records  # one executable
+
+
+# -- 3. a learning-rate schedule between compiled steps -----------------------------------
+
+def _train_step(model, opt, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+@pytest.mark.parametrize("lr", ["float", "tensor"])
+def test_a_learning_rate_schedule_between_compiled_steps_matches_eager(dev, lr):
+    def make_opt(ps):
+        return torch.optim.AdamW(ps, lr=1e-2 if lr == "float" else torch.tensor(1e-2), eps=1e-6)
+
+    eager, model, eager_opt, opt = _pair(Net, make_opt)
+    schedulers = [torch.optim.lr_scheduler.ExponentialLR(o, gamma=0.5) for o in (eager_opt, opt)]
+    compiled = torch.compile(_train_step, backend="xlakit")
+    frames = []
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+            for s in schedulers:
+                s.step()
+            frames.append(sum(log.frames.values()))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _same(opt.param_groups[0]["lr"], eager_opt.param_groups[0]["lr"])
+    _check_log(log)
+    if lr == "tensor":  # the rate is an input of the graph: never compiled again
+        assert frames[1] == frames[-1], frames
+
+
+# -- 4. zero_grad(set_to_none=False), frozen layers, no_grad, detach ---------------------
+
+def _frozen_step(model, opt, x, y):
+    with torch.no_grad():
+        scale = model.l1(x).abs().mean()  # a statistic, not trained through
+    h = model(x)
+    target = h.detach()
+    target.mul_(0.5)                      # in place on a detached output
+    loss = F.mse_loss(h, y) + F.mse_loss(h, target) * scale
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    return loss, scale
+
+
+def test_frozen_layers_no_grad_and_zeroed_grads_match_eager(dev):
+    eager, model, eager_opt, opt = _pair(Net, _sgd)
+    for m in (eager, model):
+        m.l1.requires_grad_(False)
+    compiled = torch.compile(_frozen_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _frozen_step(eager, eager_opt, x, y))
+    _same_state(model, eager, [(opt, eager_opt)])  # the frozen layer's grads stay None, the others zero
+    _check_log(log)
+
+
+# -- 5. a batch size that varies across calls --------------------------------------------
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["dynamic_default", "dynamic_true"])
+def test_a_varying_batch_size_matches_eager(dev, dynamic):
+    eager, model, eager_opt, opt = _pair(Net, _sgd)
+    compiled = torch.compile(_train_step, backend="xlakit", dynamic=dynamic)
+    with dynamo_log() as log:
+        for k, n in enumerate([4, 6, 5, 6, 3]):
+            x, y = _batch(k, n)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+def test_a_varying_batch_size_in_inference_matches_eager(dev):
+    eager, model = _pair(Net)
+    compiled = torch.compile(model, backend="xlakit")
+    with dynamo_log() as log, torch.no_grad():
+        for k, n in enumerate([4, 6, 5, 6, 3, 5]):
+            x, _ = _batch(k, n)
+            _same(compiled(x.to(dev)), eager(x))
+    _same_state(model, eager)
+    _check_log(log)
+
+
+# -- 6. reading values mid-step and between steps -------------------------------------------
+
+def _reading_step(model, opt, x, y):
+    loss = F.mse_loss(model(x), y)
+    value = loss.item()           # a graph break
+    print("loss", loss)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss, value
+
+
+def test_reading_the_loss_inside_the_step_and_parameters_between_steps_matches_eager(dev, capsys):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_reading_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _reading_step(eager, eager_opt, x, y))
+            _same(model.l1.weight.cpu(), eager.l1.weight.detach())  # the user looks between steps
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+    assert capsys.readouterr().out.count("loss") == 2 * STEPS
+
+
+# -- 7. in-place updates of inputs and buffers, views, a tensor returned twice -------------
+
+def _updating_step(model, opt, x, y, total):
+    x.add_(1)                     # the caller's input, updated
+    out = model(x)
+    loss = F.mse_loss(out, y)
+    loss.backward()
+    total.add_(loss.detach())     # a running sum the caller keeps
+    opt.step()
+    opt.zero_grad()
+    w = model.l2.weight
+    return loss, loss, w.t(), out
+
+
+def test_updates_of_inputs_and_buffers_views_and_repeats_match_eager(dev):
+    eager, model, eager_opt, opt = _pair(Net, _sgd)
+    compiled = torch.compile(_updating_step, backend="xlakit")
+    total, total_d = torch.zeros(()), torch.zeros(()).to(dev)
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            xd = x.to(dev)
+            got = compiled(model, opt, xd, y.to(dev), total_d)
+            want = _updating_step(eager, eager_opt, x, y, total)
+            _same(got, want)
+            _same(xd, x)
+            _same(total_d, total)
+            assert got[0] is got[1]  # the same tensor, as eager's
+    with torch.no_grad():  # the view returned follows its parameter's update, as eager's
+        for m in (model, eager):
+            m.l2.weight.mul_(2)
+    _same(got[2], want[2])
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+# -- 8. tied weights, a module called twice -------------------------------------------------
+
+def _lm_step(model, opt, ids):
+    logits = model(ids)
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, 12), ids[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def test_tied_weights_and_a_module_called_twice_match_eager(dev):
+    eager, model, eager_opt, opt = _pair(TiedLM, _adamw)
+    assert model.head.weight is model.embed.weight
+    compiled = torch.compile(_lm_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            torch.manual_seed(k)
+            ids = torch.randint(0, 12, (2, 6))
+            with xlakit.capture() as records:
+                got = compiled(model, opt, ids.to(dev))
+            _same(got, _lm_step(eager, eager_opt, ids))
+    assert model.head.weight is model.embed.weight
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+    assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
