@@ -628,4 +628,27 @@ def _register() -> None:
         register_backend(name="xlakit")(xlakit_backend)
 
 
+def _keep_step_counts_on_the_host() -> None:
+    """Dynamo moves an optimizer's step counts made on the host to their parameter's device
+    before it traces each param group's `_init_group`: with two groups, the first group's
+    counts were replaced by device copies after its graph was traced, holding the host ones.
+    The graph went on counting in those; the optimizer's state showed 0 forever, and a
+    recompile (an LR schedule's new float rate) restarted Adam's bias correction from it: silently
+    wrong weights. (On CUDA, Dynamo makes the counts there, capturable; on the CPU the move is
+    none.) An optimizer of xlakit's parameters keeps them on the host, where `_init_group` makes them."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    move = OptimizerVariable.move_step_if_cpu
+    if getattr(move, "keeps_xlakit_counts", False):
+        return
+
+    def move_step_if_cpu(self):
+        if not any(p.device == DEVICE for p in self.value.state):
+            move(self)
+
+    move_step_if_cpu.keeps_xlakit_counts = True
+    OptimizerVariable.move_step_if_cpu = move_step_if_cpu
+
+
 _register()
+_keep_step_counts_on_the_host()
