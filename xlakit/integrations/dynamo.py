@@ -522,6 +522,10 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     # AOTAutograd passes before Dynamo's inputs, as aot_module_simplified lists them
     held = (*dict(gm.named_parameters(remove_duplicate=False)).values(),
             *dict(gm.named_buffers(remove_duplicate=False)).values())
+    # the positions of the inputs that are gradients (Dynamo's source for them: `<parameter>.grad`)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    gradients = {len(held) + k for k, n in enumerate(placeholders)
+                 if getattr(getattr(n.meta.get("grapharg"), "source", None), "member", None) == "grad"}
 
     def inference(fx, inputs):
         run = _compile_fx(fx, inputs, forward=True, training=False)
@@ -555,11 +559,9 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         for i, new in zip(updated, outputs):
             if args[i].device == DEVICE:
                 _copy_in(args[i], new)
-        # an optimizer step that joined the lazy step ends it: a graph that updates parameters, or
-        # host inputs (its step counts, read below); one that updates only gradients
-        # (clip_grad_norm_ rescaling them) leaves the step to the optimizer's graph that follows
-        if any(_pending(args[i]) for i in updated) and \
-                (on_host or any(args[i].requires_grad for i in updated)):
+        # an optimizer step that joined the lazy step ends it; a graph that updates only gradients
+        # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
+        if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
             current().sync(trigger=Trigger.COMPILED)
         for original, new in on_host:  # step counts: computed by that step, read after it
             _copy_in(original, _computed_on_host(new))
