@@ -206,8 +206,9 @@ def test_a_learning_rate_schedule_between_compiled_steps_matches_eager(dev, lr):
     _check_log(log)
     if lr == "tensor":  # the rate is an input of the graph: never compiled again
         assert frames[1] == frames[-1], frames
-    else:  # a constant of the optimizer's graph: one frame more per new rate
-        assert [b - a for a, b in zip(frames, frames[1:])] == [1] * (STEPS - 1), frames
+    else:  # a constant of the optimizer's graph: compiled again at the new rate (torch 2.9: at each;
+        # later versions make the float an input of the graph after one recompile)
+        assert frames[1] > frames[0] and all(b - a <= 1 for a, b in zip(frames, frames[1:])), frames
 
 
 # -- 4. zero_grad(set_to_none=False), frozen layers, no_grad, detach ---------------------
@@ -515,4 +516,66 @@ def test_a_transposed_input_that_requires_grad_matches_eager(dev):
             got = compiled(model, opt, xt.to(dev).t(), y.to(dev))
             _same(got, _transposed_input_step(eager, eager_opt, xt.t(), y))
     _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+# -- other optimizers, their state; bf16 weights; inputs that are views; a dict returned -----
+
+ZOO = {
+    "adam_amsgrad": lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True, eps=1e-6),
+    "sgd_nesterov": lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2),
+    "rmsprop": lambda ps: torch.optim.RMSprop(ps, lr=1e-2, momentum=0.5, centered=True),
+    "adagrad": lambda ps: torch.optim.Adagrad(ps, lr=1e-2, initial_accumulator_value=0.1),
+    "nadam": lambda ps: torch.optim.NAdam(ps, lr=1e-2, eps=1e-6),
+    "radam": lambda ps: torch.optim.RAdam(ps, lr=1e-2, eps=1e-6),
+    "adamw_single_tensor": lambda ps: torch.optim.AdamW(ps, lr=1e-2, eps=1e-6, foreach=False),
+}
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_other_optimizers_and_their_state_match_eager(dev, name):
+    eager, model, eager_opt, opt = _pair(Net, ZOO[name])
+    compiled = torch.compile(_train_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS + 2):  # RAdam's rectification starts at its sixth step
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+def _dict_step(model, opt, x, y):
+    out = model(x)
+    loss = F.mse_loss(out.float(), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return {"loss": loss, "out": out}
+
+
+def test_bf16_weights_a_view_input_and_a_dict_returned_match_eager(dev):
+    eager, model = _pair(lambda: Net().to(torch.bfloat16))
+    eager_opt, opt = _adamw(eager.parameters()), _adamw(model.parameters())
+    compiled = torch.compile(_dict_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            big, y = torch.randn(10, 9).to(torch.bfloat16), _batch(k)[1]
+            got = compiled(model, opt, big.to(dev)[2:8, 1:], y.to(dev))  # offset and strided
+            want = _dict_step(eager, eager_opt, big[2:8, 1:], y)
+            assert got.keys() == want.keys()
+            for key in want:
+                _same(got[key], want[key], dict(rtol=1.6e-2, atol=1e-2))
+    for p, q in zip(model.parameters(), eager.parameters()):
+        _same(p, q, dict(rtol=1.6e-2, atol=1e-2))
+    _check_log(log)
+
+
+def test_a_compiled_model_under_inference_mode_matches_eager(dev):
+    eager, model = _pair(Net)
+    compiled = torch.compile(model, backend="xlakit")
+    with dynamo_log() as log, torch.inference_mode():
+        for k in range(STEPS):
+            x, _ = _batch(k)
+            _same(compiled(x.to(dev)), eager(x))
+    _same_state(model, eager)
     _check_log(log)
