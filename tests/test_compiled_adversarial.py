@@ -579,3 +579,69 @@ def test_a_compiled_model_under_inference_mode_matches_eager(dev):
             _same(compiled(x.to(dev)), eager(x))
     _same_state(model, eager)
     _check_log(log)
+
+
+# -- modules that update their weights or buffers in the forward; checkpointing; reloading -----
+
+class Fancy(torch.nn.Module):
+    """Spectral norm (power iteration buffers updated in the forward), an embedding renormalizing its
+    rows in place (max_norm) with a padding row, activation checkpointing, a layer some steps skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(12, 8, max_norm=1.0, padding_idx=0)
+        self.sn = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(8, 8))
+        self.block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.LayerNorm(8))
+        self.extra = torch.nn.Linear(8, 8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, ids, use_extra: bool):
+        h = self.sn(self.embed(ids))
+        h = torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=False)
+        if use_extra:
+            h = self.extra(h)
+        return self.head(h).mean(1)
+
+
+def _fancy_step(model, opt, ids, y, use_extra):
+    loss = F.mse_loss(model(ids, use_extra), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def test_modules_updating_weights_in_the_forward_checkpointing_and_skipped_layers_match_eager(dev):
+    eager, model, eager_opt, opt = _pair(Fancy, _adamw)
+    compiled = torch.compile(_fancy_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS + 1):
+            torch.manual_seed(k)
+            ids, y = torch.randint(0, 12, (3, 5)), torch.randn(3, 4)
+            use_extra = k % 3 == 1
+            _same(compiled(model, opt, ids.to(dev), y.to(dev), use_extra),
+                  _fancy_step(eager, eager_opt, ids, y, use_extra))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+def test_reloading_a_checkpoint_between_compiled_steps_matches_eager(dev):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_train_step, backend="xlakit")
+    saved = None
+    with dynamo_log() as log:
+        for k in range(STEPS + 2):
+            if k == 2:  # what a user saves ...
+                saved = [copy.deepcopy(m.state_dict()) for m in (eager, eager_opt)]
+            if k == 4:  # ... and loads back into both, the device ones from the host (a copy each:
+                # a loaded host step count is the saved tensor itself)
+                for m, o in ((eager, eager_opt), (model, opt)):
+                    m.load_state_dict(copy.deepcopy(saved[0]))
+                    o.load_state_dict(copy.deepcopy(saved[1]))
+                with torch.no_grad():  # and a weight the user sets by hand
+                    for m in (eager, model):
+                        m.l2.bias.data = torch.full((4,), 0.5, device=m.l2.bias.device)
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
