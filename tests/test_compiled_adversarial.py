@@ -645,3 +645,91 @@ def test_reloading_a_checkpoint_between_compiled_steps_matches_eager(dev):
             _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
     _same_state(model, eager, [(opt, eager_opt)])
     _check_log(log)
+
+
+# -- two optimizers in one step (a GAN); tensors the user keeps that alias the state --------------
+
+def _gan_step(gen, disc, opt_g, opt_d, z, real):
+    # the generator's step first: the other order's second backward through `fake` fails in
+    # torch.compile itself (aot_eager too), one autograd node for the graph that made fake and d_loss
+    fake = gen(z)
+    g_loss = F.softplus(-disc(fake)).mean()
+    g_loss.backward()
+    opt_g.step()
+    opt_g.zero_grad()
+    disc.zero_grad()   # the generator's loss reached the discriminator's gradients too
+    d_loss = F.softplus(disc(fake.detach())).mean() + F.softplus(-disc(real)).mean()
+    d_loss.backward()
+    opt_d.step()
+    opt_d.zero_grad()
+    return d_loss, g_loss
+
+
+def test_a_gan_step_with_two_optimizers_matches_eager(dev):
+    def models():
+        return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 6)), \
+            torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.LeakyReLU(0.2), torch.nn.Linear(8, 1))
+
+    torch.manual_seed(0)
+    eager = models()
+    device = [copy.deepcopy(m).to(dev) for m in eager]
+    # SGD: Adam's update of the generator's first layer amplifies rounding noise (eager's float32 and
+    # xlakit's are as far from float64's, 3e-5)
+    opts = [[_sgd(m.parameters()) for m in ms] for ms in (eager, device)]
+    compiled = torch.compile(_gan_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            torch.manual_seed(k)
+            z, real = torch.randn(5, 4), torch.randn(5, 6)
+            _same(compiled(*device, *opts[1], z.to(dev), real.to(dev)), _gan_step(*eager, *opts[0], z, real))
+    for mine, eagers in zip(device, eager):
+        _same_state(mine, eagers)
+    for eagers, mine in zip(*opts):
+        _same_state(torch.nn.Module(), torch.nn.Module(), [(mine, eagers)])
+    _check_log(log)
+
+
+def test_tensors_kept_between_steps_that_alias_weights_and_moments_see_their_updates(dev):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_train_step, backend="xlakit")
+    kept = []
+    with dynamo_log() as log:
+        for k in range(STEPS + 1):
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+            if k == 1:  # a detached weight and a moment share their storage (eager's see each update),
+                # a clone does not
+                kept = [(m.l1.weight.detach(), m.l2.weight.clone(), o.state[m.l1.bias]["exp_avg"], m.l2.bias)
+                        for m, o in ((model, opt), (eager, eager_opt))]
+    for got, want in zip(*kept):
+        _same(got, want)
+    _same(kept[0][0], eager.l1.weight)
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+def _add_into(a, b):
+    a.add_(b)
+    a[:, 0].zero_()        # and in place on a view of it
+    return a.sum()
+
+
+@pytest.mark.parametrize("alias", ["same", "views_of_one_base", "view_of_a_base"])
+def test_inputs_that_alias_each_other_or_a_base_updated_in_place_match_eager(dev, alias):
+    compiled = torch.compile(_add_into, backend="xlakit")
+
+    def arguments(base):
+        if alias == "same":
+            return base[:4], base[:4]
+        if alias == "views_of_one_base":
+            return base[:, :2], base[:, 2:]
+        return base[1:5, 1:], torch.ones(4, 3, device=base.device)
+
+    torch.manual_seed(0)
+    base = torch.randn(6, 4)
+    based = base.to(dev)
+    with dynamo_log() as log, torch.no_grad():
+        for _ in range(STEPS):
+            _same(compiled(*arguments(based)), _add_into(*arguments(base)))
+            _same(based, base)
+    _check_log(log)
