@@ -733,3 +733,46 @@ def test_inputs_that_alias_each_other_or_a_base_updated_in_place_match_eager(dev
             _same(compiled(*arguments(based)), _add_into(*arguments(base)))
             _same(based, base)
     _check_log(log)
+
+
+# -- a loop body that steps every other call, manual loss scaling, sequences of varying length ----
+
+def _body(model, opt, x, y, i, scale):
+    loss = F.mse_loss(model(x), y)
+    (loss * scale).backward()
+    if (i + 1) % 2 == 0:    # accumulate over two calls
+        for p in model.parameters():
+            p.grad.div_(2 * scale)   # unscale in place
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if torch.isfinite(norm):     # a data-dependent skip, as a GradScaler's
+            opt.step()
+        opt.zero_grad()
+    return loss
+
+
+def test_a_loop_body_accumulating_unscaling_and_skipping_on_overflow_matches_eager(dev):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_body, backend="xlakit")
+    with dynamo_log() as log:
+        for i in range(2 * STEPS):
+            x, y = _batch(i)
+            scale = 1024.0 if i != 5 else float("inf")  # one overflow: that step is skipped
+            _same(compiled(model, opt, x.to(dev), y.to(dev), i, scale), _body(eager, eager_opt, x, y, i, scale))
+            if i % 2:  # after a step (the scaled gradients between are a thousand times eager's rounding)
+                _same_state(model, eager)
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+@pytest.mark.parametrize("dynamic", [None, True], ids=["dynamic_default", "dynamic_true"])
+def test_a_tied_lm_on_sequences_of_varying_length_matches_eager(dev, dynamic):
+    eager, model, eager_opt, opt = _pair(TiedLM, _adamw)
+    compiled = torch.compile(_lm_step, backend="xlakit", dynamic=dynamic)
+    with dynamo_log() as log:
+        for k, (b, t) in enumerate([(2, 6), (3, 5), (2, 7), (3, 5), (1, 4)]):
+            torch.manual_seed(k)
+            ids = torch.randint(0, 12, (b, t))
+            _same(compiled(model, opt, ids.to(dev)), _lm_step(eager, eager_opt, ids))
+    assert model.head.weight is model.embed.weight
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
