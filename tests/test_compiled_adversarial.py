@@ -619,10 +619,12 @@ def test_modules_updating_weights_in_the_forward_checkpointing_and_skipped_layer
             torch.manual_seed(k)
             ids, y = torch.randint(0, 12, (3, 5)), torch.randn(3, 4)
             use_extra = k % 3 == 1
-            _same(compiled(model, opt, ids.to(dev), y.to(dev), use_extra),
-                  _fancy_step(eager, eager_opt, ids, y, use_extra))
+            with xlakit.capture() as records:
+                got = compiled(model, opt, ids.to(dev), y.to(dev), use_extra)
+            _same(got, _fancy_step(eager, eager_opt, ids, y, use_extra))
     _same_state(model, eager, [(opt, eager_opt)])
     _check_log(log)
+    assert [r.trigger for r in records] == ["compiled"], records  # one executable (the extra layer's second)
 
 
 def test_reloading_a_checkpoint_between_compiled_steps_matches_eager(dev):
@@ -776,3 +778,34 @@ def test_a_tied_lm_on_sequences_of_varying_length_matches_eager(dev, dynamic):
     assert model.head.weight is model.embed.weight
     _same_state(model, eager, [(opt, eager_opt)])
     _check_log(log)
+
+
+# -- a hand-written SGD update, weight clipping after the step, forward hooks keeping activations ---
+
+def _manual_step(model, x, y, lr):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.sub_(p.grad * lr)
+            p.grad = None
+        model.l1.weight.clamp_(-0.2, 0.2)   # WGAN's weight clipping
+    return loss
+
+
+def test_a_hand_written_update_with_weight_clipping_and_hooks_keeping_activations_match_eager(dev):
+    eager, model = _pair(Net)
+    kept = {}, {}
+    for m, store in zip((eager, model), kept):
+        m.l1.register_forward_hook(lambda mod, args, out, store=store: store.__setitem__("l1", out.detach()))
+    compiled = torch.compile(_manual_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            with xlakit.capture() as records:
+                got = compiled(model, x.to(dev), y.to(dev), 0.1)
+            _same(got, _manual_step(eager, x, y, 0.1))
+            _same(kept[1]["l1"], kept[0]["l1"])
+    _same_state(model, eager)
+    _check_log(log)
+    assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records  # one executable
