@@ -806,3 +806,46 @@ def test_a_hand_written_update_with_weight_clipping_and_hooks_keeping_activation
     _same_state(model, eager)
     _check_log(log)
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records  # one executable
+
+
+# -- the batch moved to the device inside the step, the loss moved back ----------------------
+
+def _moving_step(model, opt, x, y):
+    device = next(model.parameters()).device
+    x, y = x.to(device, non_blocking=True), y.to(device)
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach().cpu(), loss.item()
+
+
+def test_a_step_that_moves_its_batch_to_the_device_and_its_loss_back_matches_eager(dev):
+    eager, model, eager_opt, opt = _pair(Net, _adamw)
+    compiled = torch.compile(_moving_step, backend="xlakit")
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            got = compiled(model, opt, x, y)
+            assert got[0].device.type == "cpu"  # it was on xlakit's device
+            _same(got, _moving_step(eager, eager_opt, x, y))
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
+
+def _host_results(x, w):
+    y = x @ w
+    return y.cpu(), y.to("cpu", torch.float64), y.sin(), y.sum().cpu()
+
+
+def test_results_copied_to_the_host_inside_a_compiled_function_are_on_the_host(dev):
+    compiled = torch.compile(_host_results, backend="xlakit")
+    x, w = torch.randn(3, 4), torch.randn(4, 2, requires_grad=True)
+    wd = w.detach().to(dev).requires_grad_()
+    with dynamo_log() as log:
+        for k in range(STEPS):  # with grad (the forward of a training graph) and without
+            with torch.set_grad_enabled(k % 2 == 0):
+                got, want = compiled(x.to(dev), wd), _host_results(x, w)
+            assert [g.device.type for g in got] == ["cpu", "cpu", "lazy", "cpu"], got
+            _same(got, want)
+    _check_log(log)

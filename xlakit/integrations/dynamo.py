@@ -246,6 +246,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
     _REPLAYS.add(replays)
     updated = _updated_inputs() if forward else []
+    # the outputs eager has on the host (`loss.cpu()`, a factory with no device, a host input's gradient)
+    host = _host_outputs(gm, len(updated))
     reason = _recompile_reason()
 
     def run(*inputs, direct: bool = False):
@@ -254,7 +256,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None and replay.joins(values, training=training, direct=direct):
-            return replay.emit(list(inputs), values)
+            return _to_host_at(host, replay.emit(list(inputs), values))
         _compute_pending(values)
         if replay is not None:
             return replay(list(inputs), values)
@@ -264,14 +266,30 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
                                                                          for i in updated], draws,
-                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device),
+                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device) | host,
                            any(i is not None for i in updated))
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
-        return _outputs_like(outputs, inputs)
+        return _to_host_at(host, _outputs_like(outputs, inputs))
 
     return run
+
+
+def _host_outputs(gm: torch.fx.GraphModule, updates: int) -> frozenset:
+    """The positions of the graph's outputs, past the `updates` new values of updated inputs,
+    that Dynamo's fake values put on the host: eager returns them there."""
+    outputs = list(_flatten(gm.graph.output_node().args[0]))
+    return frozenset(k for k, node in enumerate(outputs) if k >= updates and isinstance(node, torch.fx.Node)
+                     and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].device.type == "cpu")
+
+
+def _to_host_at(host: frozenset, outputs):
+    """`outputs` (a list), those at the positions `host` copied to the host where they are on the device."""
+    if not host:
+        return outputs
+    return [o.cpu() if k in host and isinstance(o, torch.Tensor) and o.device == DEVICE else o
+            for k, o in enumerate(outputs)]
 
 
 def _recompile_reason() -> str:
@@ -376,6 +394,11 @@ def _call(node: torch.fx.Node, env: dict, source: Source | None):
     """One FX node run on lazy tensors. Its own function: operands a loop's variables
     still held at the sync were live tensors, computed as more outputs of the executable."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+    if node.target is torch.ops.aten._to_copy.default and isinstance(args[0], LazyTensor) \
+            and torch.device(kwargs.get("device", DEVICE)).type == "cpu":
+        # a copy to the host (`loss.cpu()`) stays on the device, no sync inside the graph: the
+        # graph's outputs eager has on the host are returned there (_host_outputs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "non_blocking")}
     with sources.recorded_at(source):
         value = node.target(*args, **kwargs)
     # the graph was traced on host tensors: what its factories make on the host (e.g. the
