@@ -247,7 +247,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     _REPLAYS.add(replays)
     updated = _updated_inputs() if forward else []
     # the outputs eager has on the host (`loss.cpu()`, a factory with no device, a host input's gradient)
-    host = _host_outputs(gm, len(updated))
+    host = _host_outputs(gm, len(updated), forward)
     reason = _recompile_reason()
 
     def run(*inputs, direct: bool = False):
@@ -276,11 +276,19 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     return run
 
 
-def _host_outputs(gm: torch.fx.GraphModule, updates: int) -> frozenset:
-    """The positions of the graph's outputs, past the `updates` new values of updated inputs,
-    that Dynamo's fake values put on the host: eager returns them there."""
+def _host_outputs(gm: torch.fx.GraphModule, updates: int, forward: bool) -> frozenset:
+    """The positions of the graph's outputs that Dynamo's fake values put on the host: eager
+    returns them there. A forward graph's results only (past the `updates` new values of
+    updated inputs; not the tensors it saves for its backward, which stay where they are
+    computed), a backward graph's gradients."""
     outputs = list(_flatten(gm.graph.output_node().args[0]))
-    return frozenset(k for k, node in enumerate(outputs) if k >= updates and isinstance(node, torch.fx.Node)
+    end = len(outputs)
+    if forward:
+        meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+        if meta is None or meta.tokens:  # effect tokens come first
+            return frozenset()
+        end = meta.num_forward_returns
+    return frozenset(k for k, node in enumerate(outputs[:end]) if k >= updates and isinstance(node, torch.fx.Node)
                      and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].device.type == "cpu")
 
 
