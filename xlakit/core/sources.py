@@ -74,17 +74,20 @@ def recorded_at(source: Source | None):
 # Interned Frames and Sources: a training step records the same lines every step, and
 # one shared object per line (not one per op) keeps Python's collector from running
 # over thousands of them. Bounded: each re-run of a notebook cell makes new code objects.
-_FRAMES: dict[tuple, Frame] = PROCESS.memo("core.sources: frames", 50_000, "one Frame per (code, line) recorded")
+_FRAMES: dict[tuple, Frame] = PROCESS.memo("core.sources: frames", 50_000, "one Frame per (file, line, function) recorded")
 # Keyed by the ids of interned frames: a kept Source holds its frames, so an id in a key is never reused
 _SOURCES: dict[tuple, Source] = PROCESS.memo("core.sources: sources", 50_000,
                                              "one Source per (user frame, library frame, module path)")
 
 
 def _frame(code, line: int) -> Frame:
-    key = (code, line)
+    # keyed by what the Frame holds, not the code object: hashing one hashes its constants, and
+    # a code object Dynamo rewrote may hold a dict (torch_xla's clip_grad_norm_ resumed after a
+    # graph break): recording under it raised "unhashable type: 'dict'"
+    key = (code.co_filename, line, code.co_name)
     frame = _FRAMES.get(key)
     if frame is None:
-        frame = _FRAMES[key] = Frame(code.co_filename, line, code.co_name)
+        frame = _FRAMES[key] = Frame(*key)
     return frame
 
 

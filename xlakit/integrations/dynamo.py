@@ -258,6 +258,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
     _REPLAYS.add(replays)
     updated = _updated_inputs() if forward else []
+    # the outputs eager has on the host (`loss.cpu()`, a factory with no device, a host input's gradient)
+    host = _host_outputs(gm, len(updated), forward)
     reason = _recompile_reason()
 
     def run(*inputs, direct: bool = False):
@@ -266,7 +268,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
         signature = _signature(inputs)
         replay = replays.get(signature)
         if replay is not None and replay.joins(values, training=training, direct=direct):
-            return replay.emit(list(inputs), values)
+            return _to_host_at(host, replay.emit(list(inputs), values))
         _compute_pending(values)
         if replay is not None:
             return replay(list(inputs), values)
@@ -276,14 +278,38 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
             replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
                                                                          for i in updated], draws,
-                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device),
+                           frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device) | host,
                            any(i is not None for i in updated))
             record.replays = replay is not None
             if replay is not None:
                 replays.put(signature, replay)
-        return _outputs_like(outputs, inputs)
+        return _to_host_at(host, _outputs_like(outputs, inputs))
 
     return run
+
+
+def _host_outputs(gm: torch.fx.GraphModule, updates: int, forward: bool) -> frozenset:
+    """The positions of the graph's outputs that Dynamo's fake values put on the host: eager
+    returns them there. A forward graph's results only (past the `updates` new values of
+    updated inputs; not the tensors it saves for its backward, which stay where they are
+    computed), a backward graph's gradients."""
+    outputs = list(_flatten(gm.graph.output_node().args[0]))
+    end = len(outputs)
+    if forward:
+        meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+        if meta is None or meta.tokens:  # effect tokens come first
+            return frozenset()
+        end = meta.num_forward_returns
+    return frozenset(k for k, node in enumerate(outputs[:end]) if k >= updates and isinstance(node, torch.fx.Node)
+                     and isinstance(node.meta.get("val"), torch.Tensor) and node.meta["val"].device.type == "cpu")
+
+
+def _to_host_at(host: frozenset, outputs):
+    """`outputs` (a list), those at the positions `host` copied to the host where they are on the device."""
+    if not host:
+        return outputs
+    return [o.cpu() if k in host and isinstance(o, torch.Tensor) and o.device == DEVICE else o
+            for k, o in enumerate(outputs)]
 
 
 def _recompile_reason() -> str:
@@ -388,6 +414,11 @@ def _call(node: torch.fx.Node, env: dict, source: Source | None):
     """One FX node run on lazy tensors. Its own function: operands a loop's variables
     still held at the sync were live tensors, computed as more outputs of the executable."""
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: env[n.name])
+    if node.target is torch.ops.aten._to_copy.default and isinstance(args[0], LazyTensor) \
+            and torch.device(kwargs.get("device", DEVICE)).type == "cpu":
+        # a copy to the host (`loss.cpu()`) stays on the device, no sync inside the graph: the
+        # graph's outputs eager has on the host are returned there (_host_outputs)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "non_blocking")}
     with sources.recorded_at(source):
         value = node.target(*args, **kwargs)
     # the graph was traced on host tensors: what its factories make on the host (e.g. the
@@ -534,6 +565,10 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     # AOTAutograd passes before Dynamo's inputs, as aot_module_simplified lists them
     held = (*dict(gm.named_parameters(remove_duplicate=False)).values(),
             *dict(gm.named_buffers(remove_duplicate=False)).values())
+    # the positions of the inputs that are gradients (Dynamo's source for them: `<parameter>.grad`)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    gradients = {len(held) + k for k, n in enumerate(placeholders)
+                 if getattr(getattr(n.meta.get("grapharg"), "source", None), "member", None) == "grad"}
 
     def inference(fx, inputs):
         run = _compile_fx(fx, inputs, forward=True, training=False)
@@ -567,7 +602,9 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         for i, new in zip(updated, outputs):
             if args[i].device == DEVICE:
                 _copy_in(args[i], new)
-        if any(_pending(args[i]) for i in updated):  # an optimizer step that joined the lazy step ends it
+        # an optimizer step that joined the lazy step ends it; a graph that updates only gradients
+        # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
+        if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
             current().sync(trigger=Trigger.COMPILED)
         for original, new in on_host:  # step counts: computed by that step, read after it
             _copy_in(original, _computed_on_host(new))
@@ -656,4 +693,27 @@ def _register() -> None:
         register_backend(name="xlakit")(xlakit_backend)
 
 
+def _keep_step_counts_on_the_host() -> None:
+    """Dynamo moves an optimizer's step counts made on the host to their parameter's device
+    before it traces each param group's `_init_group`: with two groups, the first group's
+    counts were replaced by device copies after its graph was traced, holding the host ones.
+    The graph went on counting in those; the optimizer's state showed 0 forever, and a
+    recompile (an LR schedule's new float rate) restarted Adam's bias correction from it: silently
+    wrong weights. (On CUDA, Dynamo makes the counts there, capturable; on the CPU the move is
+    none.) An optimizer of xlakit's parameters keeps them on the host, where `_init_group` makes them."""
+    from torch._dynamo.variables.optimizer import OptimizerVariable
+
+    move = OptimizerVariable.move_step_if_cpu
+    if getattr(move, "keeps_xlakit_counts", False):
+        return
+
+    def move_step_if_cpu(self):
+        if not any(p.device == DEVICE for p in self.value.state):
+            move(self)
+
+    move_step_if_cpu.keeps_xlakit_counts = True
+    OptimizerVariable.move_step_if_cpu = move_step_if_cpu
+
+
 _register()
+_keep_step_counts_on_the_host()
