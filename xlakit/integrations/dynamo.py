@@ -605,7 +605,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         # an optimizer step that joined the lazy step ends it; a graph that updates only gradients
         # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
         if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
-            current().sync(trigger=Trigger.COMPILED)
+            current().sync(trigger=Trigger.COMPILED, source=sources.user_line())
         for original, new in on_host:  # step counts: computed by that step, read after it
             _copy_in(original, _computed_on_host(new))
             _keep_on_device(original, new)
