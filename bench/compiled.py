@@ -73,6 +73,63 @@ def main():
     for name, us in rows.items():
         print(f"| {name} | {us:.0f} | {us / base:.2f} |")
     training(model, x)
+    for name in ("Llama", "GPT-2"):
+        real_model(name)
+
+
+def real_model(name: str):
+    """Compiled inference of a real model's logits (bench/real_models.py's 4 x 256 model, 8 x 128
+    tokens), parameters on the device: where the executable, not the call, takes the time. The
+    same peers, measured in turn per round (the machine may be shared): ratios are medians of
+    per-round ratios to jax.jit."""
+    import statistics
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    import jax_models
+    import real_models
+    import xlakit
+
+    model, logits_fn, ids = real_models.build(name, quick=False)
+    model.eval()
+    params, cfg = jax_models.trainable(model), model.config
+    idsj = jnp.asarray(ids.numpy().astype(np.int32))
+    jitted = jax.jit(lambda p, i: logits_fn(p, i, cfg))
+    with torch.no_grad():
+        want = model(input_ids=ids).logits
+    np.testing.assert_allclose(np.asarray(jitted(params, idsj)), want.numpy(), rtol=2e-3, atol=2e-3)
+    out = {}
+    calls = {"jax.jit (the floor)": (lambda: out.__setitem__("y", jitted(params, idsj)),
+                                     lambda: out["y"].block_until_ready())}
+    dev = xlakit.device()
+    compiled = torch.compile(copy.deepcopy(model).to(dev), backend="xlakit")
+    idsd = ids.to(dev)
+    calls["xlakit compiled, parameters on the device"] = (
+        lambda: out.__setitem__("y", compiled(input_ids=idsd).logits), xlakit.wait)
+    try:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+
+        openxla = torch.compile(copy.deepcopy(model).to(torch_xla.device()), backend="openxla")
+        idsx = ids.to(torch_xla.device())
+        calls["torch_xla openxla"] = (lambda: out.__setitem__("y", openxla(input_ids=idsx).logits),
+                                      xm.wait_device_ops)
+    except ImportError:
+        pass
+    rounds = {peer: [] for peer in calls}
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(input_ids=idsd).logits.cpu(), want, rtol=2e-3, atol=2e-3)
+        for _ in range(5):
+            for peer, (call, wait) in calls.items():
+                rounds[peer].append(median_seconds(call, wait, repeats=10, warmup=3) * 1e3)
+    base = rounds["jax.jit (the floor)"]
+    print(f"\n{name} 4 x 256 logits, 8 x 128 tokens, compiled inference: 5 rounds of 10 calls each\n")
+    print("| path | ms/call | × jax.jit (paired) |\n|---|---|---|")
+    for peer, ms in rounds.items():
+        ratio = statistics.median(m / b for m, b in zip(ms, base))
+        print(f"| {peer} | {statistics.median(ms):.2f} | {ratio:.2f} |")
 
 
 def training(model, x):
