@@ -361,9 +361,12 @@ class Tape:
                 run.replayed += len(nodes)
                 run.recorded.extend(run.expected.recorded[position:position + len(nodes)])
                 return
-            run.why = f"op {position}: a compiled graph recorded again " + (
-                "on inputs from other places" if same_graph else "where the run it follows had another op"
-                if expected is not None else f"is new: the run it follows had {position} ops")
+            if same_graph:
+                run.why = f"op {position}: a compiled graph recorded again on inputs from other places"
+            elif expected is not None:
+                run.why = f"op {position}: a compiled graph recorded again where the run it follows had another op"
+            else:
+                run.why = f"op {position}: a compiled graph is new: the run it follows had {position} ops"
         run.recorded.extend(_GraphNode(graph, slots, node.source, k == 0) for k, node in enumerate(nodes))
 
     def _graph_slot(self, operand) -> tuple:
@@ -371,12 +374,7 @@ class Tape:
         if operand.__class__ is tuple:
             position = self._run.position(operand[0])
             return ("n", position, operand[1]) if position >= 0 else ("x",)
-        run = self._run
-        ordinal = run.inputs.get(operand)
-        if ordinal is None:
-            ordinal = run.inputs[operand] = len(run.inputs)
-            run.input_avals.append(operand.aval)
-        return ("d", ordinal)
+        return ("d", self._ordinal(operand))
 
     @staticmethod
     def _same_new_inputs(run: Run) -> bool:
@@ -397,12 +395,16 @@ class Tape:
             kind = "c"
         else:
             return ("x",)  # a CPU index tensor: uploaded anew each time
+        return (kind, self._ordinal(operand))
+
+    def _ordinal(self, data: DeviceData) -> int:
+        """The run's number for an input buffer: distinct buffers in order of first use."""
         run = self._run
-        ordinal = run.inputs.get(operand)
+        ordinal = run.inputs.get(data)
         if ordinal is None:
-            ordinal = run.inputs[operand] = len(run.inputs)
-            run.input_avals.append(operand.aval)
-        return (kind, ordinal)
+            ordinal = run.inputs[data] = len(run.inputs)
+            run.input_avals.append(data.aval)
+        return ordinal
 
     # -- at a sync ----------------------------------------------------------------
     def close(self, start) -> Run:

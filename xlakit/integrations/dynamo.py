@@ -189,18 +189,16 @@ class _Replay:
         host = []  # host inputs (an optimizer's step counts), uploaded together
         for k, src in enumerate(self.param_sources):
             if isinstance(src, int):
-                if values[src] is None:
-                    host.append(k)
-                    arguments.append(None)
+                if values[src] is None:  # on the host: its value kept on the device, or uploaded below
+                    arguments.append(_on_device(inputs[src], avals[k]))
+                    if arguments[-1] is None:
+                        host.append(k)
                 else:
                     arguments.append(of_value(values[src]))
             elif isinstance(src, _Draw):
                 arguments.append(DeviceData(drawn[id(src)], avals[k]))
             else:
                 arguments.append(src)
-        for k in host:
-            arguments[k] = _on_device(inputs[self.param_sources[k]], avals[k])
-        host = [k for k in host if arguments[k] is None]
         if host:
             for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
                 arguments[k] = DeviceData(array, avals[k])
