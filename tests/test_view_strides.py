@@ -6,6 +6,7 @@ changes exactly what eager's changes.
 Which ops are views is taken from eager itself (an output that shares its input's
 storage), not from a list of ours.
 """
+import io
 import unittest.mock
 import warnings
 
@@ -164,15 +165,35 @@ def test_a_copy_made_from_a_view_is_a_copy_as_in_eager(dev, move):
 
 
 
-@pytest.mark.xfail(strict=True, reason="open: a dense non-contiguous host tensor moved to the device takes "
-                   "contiguous strides ((5, 1), eager's copy keeps (1, 4)), so dropout's mask, drawn in memory "
-                   "order, differs from eager's (found by `make fuzz`: a random draw on a tensor saved and loaded)")
-def test_a_dense_transposed_host_tensor_moved_to_the_device_keeps_its_strides_and_draws(dev):
-    x = torch.randn(4, 5).t().contiguous().t()  # strides (1, 4)
+_HOST_LAYOUTS = {
+    "transposed_dense": lambda: torch.randn(4, 5).t().contiguous().t(),
+    "permuted_dense": lambda: torch.randn(2, 3, 4).permute(2, 0, 1).contiguous().permute(1, 2, 0),
+    "transposed_view": lambda: torch.randn(4, 5).t(),
+    "gapped_view": lambda: torch.randn(4, 6)[:, ::2],
+    "channels_last": lambda: torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),
+}
+
+
+@pytest.mark.parametrize("make", _HOST_LAYOUTS.values(), ids=_HOST_LAYOUTS.keys())
+def test_a_host_tensor_moved_to_the_device_and_back_is_laid_out_as_eager_copies_are(dev, make):
+    """torch's own _to_copy makes copies to a device without as_strided contiguous;
+    eager's copies to a GPU and back (and torch.save of one) keep a dense tensor's strides."""
+    x = make()
+    want = torch.empty_like(x).stride()  # what eager's preserve_format copy gives
     moved = x.to(dev)
+    assert moved.stride() == want
+    assert x.to(dev, torch.float64).stride() == want and torch.as_tensor(x, device=dev).stride() == want
+    assert x.to(dev, memory_format=torch.contiguous_format).stride() == x.contiguous().stride()
+    back = moved.cpu()
+    buffer = io.BytesIO()
+    torch.save(moved, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    for host in (back, loaded):
+        assert host.stride() == want and torch.equal(host, x)
+    # random draws are made in memory order: the same mask as eager's
     torch.manual_seed(0)
-    want = torch.nn.functional.dropout(x, 0.5)
+    eager = torch.nn.functional.dropout(x, 0.5)
     torch.manual_seed(0)
-    got = torch.nn.functional.dropout(moved, 0.5)
-    assert moved.stride() == x.stride()
-    torch.testing.assert_close(got.cpu(), want)
+    lazy = torch.nn.functional.dropout(moved, 0.5)
+    torch.testing.assert_close(lazy.cpu(), eager)

@@ -14,7 +14,7 @@ from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
-from .tensor import LazyTensor, from_host, to_host, unwrap, wrap
+from .tensor import LazyTensor, from_host, own, to_host, unwrap, wrap
 
 aten = torch.ops.aten
 
@@ -59,6 +59,19 @@ def _lazy_backend(op, *args, **kwargs):
     if out is not None:
         return _replace(out, from_host(result))
     return wrap_(from_host(result))
+
+
+def _to_copy_from_host(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                       memory_format=None):
+    """A host tensor's copy to the device, laid out as eager's copies to a GPU are:
+    torch's own `_to_copy` makes every copy to a device without `as_strided` (Lazy,
+    XLA) contiguous, so a transposed tensor lost its strides, and random draws made
+    in memory order (dropout's mask) then differed from eager's."""
+    layout_of = torch.empty_like(self, device="meta", memory_format=memory_format or torch.preserve_format)
+    copy = torch.empty_strided(self.shape, layout_of.stride(), dtype=dtype or self.dtype, device=device)
+    copy.copy_(self, non_blocking=non_blocking)
+    own(copy)  # a user's tensor (a failed step gives it back its value); the factory's own was of another wrapper
+    return copy
 
 
 def _replace(dst: torch.Tensor, inner: LazyTensor) -> torch.Tensor:
@@ -424,6 +437,8 @@ def register_kernels() -> None:
     Functionalize kernels (which serve every device)."""
     lazy = torch.library.Library("_", "IMPL")
     lazy.fallback(_lazy_backend, "Lazy")
+    to_device = torch.library.Library("aten", "IMPL", "Lazy")
+    to_device.impl("_to_copy", _to_copy_from_host)  # reached only with no lazy argument: from the host
     functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
     own = ((aten.addcmul_.default, aten.addcmul.default), (aten.addcdiv_.default, aten.addcdiv.default),
            (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor))
@@ -441,4 +456,4 @@ def register_kernels() -> None:
     autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
     autograd.impl("_pack_padded_sequence", _pack_padded_sequence)
     autograd.impl("_pad_packed_sequence", _pad_packed_sequence)
-    _LIBRARIES.extend((lazy, functionalize, autograd))
+    _LIBRARIES.extend((lazy, to_device, functionalize, autograd))

@@ -150,4 +150,9 @@ def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
     state = inner._state
     engine = current()
     engine.sync([state], trigger=trigger, source=sources.user_line())
-    return transfer.to_host(engine.read(state).array, inner.dtype)
+    host = transfer.to_host(engine.read(state).array, inner.dtype)
+    if inner.is_contiguous():
+        return host
+    # laid out as eager's copy from a GPU is (.cpu(), torch.save): a dense tensor's strides kept
+    strides = torch.empty_like(torch.empty_strided(inner.shape, inner.stride(), device="meta")).stride()
+    return torch.empty_strided(inner.shape, strides, dtype=inner.dtype).copy_(host)
