@@ -1,10 +1,13 @@
 """XLAKIT_CACHE_DIR: xlakit keeps its files in a private directory of its own inside it and
 leaves the directory itself as it was (it may be /tmp, $HOME or a team's shared cache)."""
 import os
+import shutil
 import stat
+from pathlib import Path
 
 import torch
 
+import xlakit
 from xlakit.engine import cache
 
 PROGRAM = """
@@ -42,3 +45,35 @@ def test_a_new_cache_dir_is_created_as_any_directory(new_python, tmp_path):
     _run(new_python, new)
     assert stat.S_IMODE(new.stat().st_mode) == 0o777 & ~umask
     assert stat.S_IMODE(cache.private_dir(str(new)).stat().st_mode) == 0o700
+
+
+RELU_PROGRAM = """
+import sys
+sys.path.insert(0, {root!r})
+import torch, xlakit
+y = torch.tensor([-1.0, 2.0]).to(xlakit.device()).relu()
+xlakit.mark_step()
+print(xlakit.last_step().cache, y.cpu().tolist())
+"""
+
+
+def test_an_executable_stored_by_other_lowering_code_is_not_loaded(new_python, tmp_path):
+    """The key holds the lowering code by content: after relu's lowering changes (an editable
+    install, a fix without a release), the stored executable of the old one is not served."""
+    root = tmp_path / "src"
+    shutil.copytree(Path(xlakit.__file__).parent, root / "xlakit", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {**os.environ, "XLAKIT_CACHE_DIR": str(tmp_path / "cache")}
+
+    def run() -> list[str]:
+        done = new_python("-c", RELU_PROGRAM.format(root=str(root)), env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.split(maxsplit=1)
+
+    assert run() == ["miss", "[0.0, 2.0]\n"]
+    assert run() == ["persistent_hit", "[0.0, 2.0]\n"]
+    lowering = root / "xlakit" / "lowerings" / "activations.py"
+    source = lowering.read_text()
+    changed = source.replace("return jnp.maximum(self, jnp.zeros_like(self))", "return jnp.maximum(self, 1.0)")
+    assert changed != source
+    lowering.write_text(changed)
+    assert run() == ["miss", "[1.0, 2.0]\n"]

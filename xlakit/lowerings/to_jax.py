@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -17,14 +18,24 @@ import torch
 
 from .. import lowerings
 from ..core import checks, sharding, sources
-from ..core.ir import Aval, Graph, Node, Slot, fill
+from ..core.ir import Aval, Graph, Node, Slot, digest, fill
 from ..core.state import PROCESS
 from . import numerics, registry
 from .dtypes import jax_dtype
 from .verdicts import NeedsEager
 
-# Bump when the way graphs are lowered changes: it is part of the `flags` key component.
-LOWERING_VERSION = "9"
+
+def _lowering_source_digest() -> str:
+    """The code that lowers graphs (lowerings/ and core/), by content: part of the `flags` key
+    component, so an executable an earlier version of it stored on disk is never loaded for a
+    graph it now lowers otherwise. A number bumped by hand was forgotten (a `_safe_softmax`
+    change went on being served from the cache; a fixed lowering would have stayed wrong)."""
+    package = Path(__file__).resolve().parent.parent
+    files = sorted(f for part in ("lowerings", "core") for f in (package / part).rglob("*.py"))
+    return digest(*(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() for f in files))
+
+
+LOWERING_VERSION = _lowering_source_digest()
 
 
 def shape_dtype(aval: Aval) -> jax.ShapeDtypeStruct:
