@@ -104,6 +104,12 @@ CASES = {
                                       torch.float32)),
     "safe_softmax_masked_row": lambda: (aten._safe_softmax.default,
                                         (torch.tensor([[0., 1, -torch.inf], [-torch.inf] * 3]), -1)),
+    "safe_softmax_inf_nan_rows": lambda: (aten._safe_softmax.default, (torch.tensor(
+        [[torch.inf, 0., 1], [torch.nan, 0, 1], [-torch.inf, -torch.inf, 2], [torch.inf, -torch.inf, 0]]), -1)),
+    "safe_softmax_masked_column_bf16_to_f32": lambda: (aten._safe_softmax.default, (torch.tensor(
+        [[-torch.inf, 0.5, -3], [-torch.inf, -torch.inf, 7]], dtype=torch.bfloat16), 0, torch.float32)),
+    "safe_softmax_0d_masked": lambda: (aten._safe_softmax.default, (torch.tensor(-torch.inf), 0)),
+    "safe_softmax_0d": lambda: (aten._safe_softmax.default, (torch.tensor(2.5), 0)),
     "native_layer_norm": lambda: (aten.native_layer_norm.default,
                                   (_seeded((2, 3, 4, 5)), [4, 5], _seeded((4, 5)), _seeded((5, 4)).T, 1e-5)),
     "native_group_norm": lambda: (aten.native_group_norm.default,

@@ -438,14 +438,17 @@ def _log_softmax(self, dim, half_to_float):
 
 @lowers("aten::_safe_softmax")
 def _safe_softmax(self, dim, dtype=None):
-    """softmax, with 0 where a whole row is -inf (attention rows fully masked): where its max
-    is -inf, the max softmax subtracts (one reduction, which XLA shares; an all() over the
-    row was one more pass over every attention matrix)."""
-    x = self.astype(jax_dtype(dtype)) if dtype is not None else self
-    out = _softmax_of(x, dim)
+    """softmax, with 0 where a whole row is -inf (attention rows fully masked): there the max
+    it subtracts is taken as 0, so the row's exponentials are all 0, and their sum as 1. Only
+    the two reductions softmax takes; a test of the row (all(x == -inf), or max == -inf beside
+    softmax's own max) was one more pass over every attention matrix, which XLA kept."""
+    x = _acc(self.astype(jax_dtype(dtype)) if dtype is not None else self)
     if x.ndim == 0:
-        return jnp.where(x == -jnp.inf, 0, out)
-    return jnp.where(_acc(x).max(axis=dim, keepdims=True) == -jnp.inf, 0, out)
+        return jnp.where(x == -jnp.inf, 0, jnp.exp(x - x))
+    row_max = lax.stop_gradient(x.max(axis=dim, keepdims=True))
+    masked = row_max == -jnp.inf
+    e = jnp.exp(x - jnp.where(masked, 0, row_max))
+    return e / jnp.where(masked, 1, e.sum(axis=dim, keepdims=True))
 
 
 @lowers("aten::_softmax_backward_data")
