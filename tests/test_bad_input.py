@@ -279,6 +279,30 @@ def test_in_place_update_with_a_bad_index_loses_nothing(dev, monkeypatch, wait):
     assert_same(w, host)
 
 
+_FACTORY_MISS = pytest.mark.xfail(strict=True, reason=(
+    "open: a tensor made by a factory called from Python is not owned (docs/bad_input.md says it is): "
+    "functionalization hands the user a new wrapper of the value, not the one front/tensor.py's wrap owned, "
+    "so a failed step poisons it instead of giving back its value"))
+_MADE_ON_DEVICE = {
+    "to": lambda dev: torch.arange(12.0).view(4, 3).to(dev),
+    "tensor": lambda dev: torch.tensor([[0.0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], device=dev),
+    "zeros": pytest.param(lambda dev: torch.zeros(4, 3, device=dev), marks=_FACTORY_MISS),
+    "full": pytest.param(lambda dev: torch.full((4, 3), 2.0, device=dev), marks=_FACTORY_MISS),
+}
+
+
+@pytest.mark.parametrize("make", _MADE_ON_DEVICE.values(), ids=_MADE_ON_DEVICE.keys())
+def test_a_tensor_made_on_the_device_gets_its_value_back_after_a_failed_update(dev, make):
+    w = make(dev)
+    xlakit.mark_step()
+    before = w.cpu()
+    w.add_(w.index_select(0, torch.tensor([0, 7]).to(dev)).sum())
+    with pytest.raises(IndexError, match="index_select"):
+        xlakit.mark_step()
+        xlakit.wait()
+    assert_same(w, before)
+
+
 def test_a_training_step_with_a_bad_token_keeps_the_weights(dev):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
