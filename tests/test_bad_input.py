@@ -280,9 +280,9 @@ def test_in_place_update_with_a_bad_index_loses_nothing(dev, monkeypatch, wait):
 
 
 _FACTORY_MISS = pytest.mark.xfail(strict=True, reason=(
-    "open: a tensor made by a factory called from Python is not owned (docs/bad_input.md says it is): "
-    "functionalization hands the user a new wrapper of the value, not the one front/tensor.py's wrap owned, "
-    "so a failed step poisons it instead of giving back its value"))
+    "open: a tensor made by a factory called from Python is not owned: torch's functionalization fallback "
+    "hands the user a wrapper it makes after xlakit's Lazy kernel returned (for zeros and full, of the value "
+    "their fill wrote), not the one front/tensor.py's wrap owned, so a failed step poisons it"))
 _MADE_ON_DEVICE = {
     "to": lambda dev: torch.arange(12.0).view(4, 3).to(dev),
     "tensor": lambda dev: torch.tensor([[0.0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], device=dev),
