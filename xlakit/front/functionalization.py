@@ -14,7 +14,7 @@ from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
-from .tensor import LazyTensor, from_host, own, to_host, unwrap, wrap
+from .tensor import LazyTensor, from_host, own, own_at_write, to_host, unwrap, wrap
 
 aten = torch.ops.aten
 
@@ -324,12 +324,15 @@ def _checked_writes(op, original):
                 if op is not aten.copy_.default:
                     raise _host_written(op, host)
                 return host.copy_(to_host(unwrap(args[1]), trigger=Trigger.CPU), *args[2:], **kwargs)
-        elif not self.is_contiguous() or (self._base is not None and not self._base.is_contiguous()):
-            # a contiguous tensor has no two elements in one place, and is a view through
-            # torch's unfold only of a base whose memory is not row-major
-            result = _write_overlapping(op, args, kwargs)
-            if result is not None:
-                return result
+        else:
+            if self.device.type == "lazy":
+                own_at_write(self)
+            if not self.is_contiguous() or (self._base is not None and not self._base.is_contiguous()):
+                # a contiguous tensor has no two elements in one place, and is a view through
+                # torch's unfold only of a base whose memory is not row-major
+                result = _write_overlapping(op, args, kwargs)
+                if result is not None:
+                    return result
         for i in tensor_positions:
             if i < len(args) and not isinstance(args[i], torch.Tensor):
                 args = _numbers_as_tensors(args, tensor_positions)

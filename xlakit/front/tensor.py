@@ -113,24 +113,44 @@ def lazy_values(obj) -> list[LiveValue]:
 
 
 # -- owners --------------------------------------------------------------------
-# The user tensors made on the device (.to, factories) or named (labels.py):
+# The user tensors made on the device (.to, torch.tensor), written in place (own_at_write) or named (labels.py):
 # at each step marker each one's current value is stamped with the tensor's
 # id and the buffer the tensor held before it, so that a step that fails a
 # check can give a tensor it updated in place its old buffer back
-# (engine/check_results.py). A tensor that an op made is not tracked: a failed step
+# (engine/check_results.py). A view written in place is not tracked: a failed step
 # poisons it.
 _OWNED = WeakTensorKeyDictionary()
 _owner_ids = itertools.count(1)
+# the TensorImpls of _OWNED's tensors as of the last own or stamp: a first test for the
+# in-place write path that allocates nothing (each allocation brings Python's collector nearer)
+_owned_impls: set[int] = set()
 
 
 def own(t: torch.Tensor) -> None:
     if t not in _OWNED:
         _OWNED[t] = next(_owner_ids)
+        _owned_impls.add(t._cdata)
+
+
+def own_at_write(t: torch.Tensor) -> None:
+    """Own `t` at its first in-place write, unless a view: a tensor a factory or an op made reaches
+    the user in a wrapper xlakit never held (torch's functionalization makes it after xlakit's
+    kernel returned). Its value until this write, when computed, is what a failed step gives back."""
+    if t._cdata in _owned_impls or t._base is not None:  # (an impl a dead tensor left: until the next stamp)
+        return
+    own(t)
+    value = unwrap(t)._state
+    value.resolve()
+    if value.data is not None:
+        current().ledger.latest[_OWNED[t]] = value.data
 
 
 def stamp_owners() -> None:
     latest = current().ledger.latest
-    for t, owner in list(_OWNED.items()):
+    owned = list(_OWNED.items())
+    _owned_impls.clear()
+    for t, owner in owned:
+        _owned_impls.add(t._cdata)
         value = unwrap(t)._state
         value.owner = owner
         if value.data is not None:
