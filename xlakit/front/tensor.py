@@ -138,8 +138,11 @@ def own_at_write(t: torch.Tensor) -> None:
     kernel returned). Its value until this write, when computed, is what a failed step gives back."""
     if t._cdata in _owned_impls or t._base is not None:  # (an impl a dead tensor left: until the next stamp)
         return
+    try:
+        value = unwrap(t)._state
+    except TypeError:  # a fake value, while torch.compile traces: nothing to give back
+        return
     own(t)
-    value = unwrap(t)._state
     value.resolve()
     if value.data is not None:
         current().ledger.latest[_OWNED[t]] = value.data
