@@ -14,7 +14,7 @@ from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
-from .tensor import LazyTensor, from_host, own, own_at_write, to_host, unwrap, wrap
+from .tensor import LazyTensor, from_host, own, own_at_write, owned_impls, to_host, unwrap, wrap
 
 aten = torch.ops.aten
 
@@ -325,7 +325,7 @@ def _checked_writes(op, original):
                     raise _host_written(op, host)
                 return host.copy_(to_host(unwrap(args[1]), trigger=Trigger.CPU), *args[2:], **kwargs)
         else:
-            if self.device.type == "lazy":
+            if self._cdata not in owned_impls:
                 own_at_write(self)
             if not self.is_contiguous() or (self._base is not None and not self._base.is_contiguous()):
                 # a contiguous tensor has no two elements in one place, and is a view through

@@ -121,22 +121,23 @@ def lazy_values(obj) -> list[LiveValue]:
 # poisons it.
 _OWNED = WeakTensorKeyDictionary()
 _owner_ids = itertools.count(1)
-# the TensorImpls of _OWNED's tensors as of the last own or stamp: a first test for the
-# in-place write path that allocates nothing (each allocation brings Python's collector nearer)
-_owned_impls: set[int] = set()
+# the TensorImpls of _OWNED's tensors as of the last own or stamp: the in-place write path's test
+# before own_at_write, which allocates nothing (each allocation brings Python's collector nearer);
+# an impl a dead tensor left stays until the next stamp
+owned_impls: set[int] = set()
 
 
 def own(t: torch.Tensor) -> None:
     if t not in _OWNED:
         _OWNED[t] = next(_owner_ids)
-        _owned_impls.add(t._cdata)
+        owned_impls.add(t._cdata)
 
 
 def own_at_write(t: torch.Tensor) -> None:
     """Own `t` at its first in-place write, unless a view: a tensor a factory or an op made reaches
     the user in a wrapper xlakit never held (torch's functionalization makes it after xlakit's
     kernel returned). Its value until this write, when computed, is what a failed step gives back."""
-    if t._cdata in _owned_impls or t._base is not None:  # (an impl a dead tensor left: until the next stamp)
+    if t._base is not None or t.device != DEVICE:
         return
     try:
         value = unwrap(t)._state
@@ -151,9 +152,9 @@ def own_at_write(t: torch.Tensor) -> None:
 def stamp_owners() -> None:
     latest = current().ledger.latest
     owned = list(_OWNED.items())
-    _owned_impls.clear()
+    owned_impls.clear()
     for t, owner in owned:
-        _owned_impls.add(t._cdata)
+        owned_impls.add(t._cdata)
         value = unwrap(t)._state
         value.owner = owner
         if value.data is not None:
