@@ -70,7 +70,7 @@ def _to_copy_from_host(self, *, dtype=None, layout=None, device=None, pin_memory
     layout_of = torch.empty_like(self, device="meta", memory_format=memory_format or torch.preserve_format)
     copy = torch.empty_strided(self.shape, layout_of.stride(), dtype=dtype or self.dtype, device=device)
     copy.copy_(self, non_blocking=non_blocking)
-    own(copy)  # a user's tensor (a failed step gives it back its value); the factory's own was of another wrapper
+    own(copy)  # a user's tensor from the start, as torch.tensor's (front/tensor.py's owners)
     return copy
 
 
