@@ -14,7 +14,7 @@ from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS
 from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
-from .tensor import LazyTensor, from_host, own, own_at_write, owned_impls, to_host, unwrap, wrap
+from .tensor import LazyTensor, copy_strides, from_host, own, own_at_write, owned_impls, to_host, unwrap, wrap
 
 aten = torch.ops.aten
 
@@ -67,8 +67,8 @@ def _to_copy_from_host(self, *, dtype=None, layout=None, device=None, pin_memory
     torch's own `_to_copy` makes every copy to a device without `as_strided` (Lazy,
     XLA) contiguous, so a transposed tensor lost its strides, and random draws made
     in memory order (dropout's mask) then differed from eager's."""
-    layout_of = torch.empty_like(self, device="meta", memory_format=memory_format or torch.preserve_format)
-    copy = torch.empty_strided(self.shape, layout_of.stride(), dtype=dtype or self.dtype, device=device)
+    copy = torch.empty_strided(self.shape, copy_strides(self, memory_format or torch.preserve_format),
+                               dtype=dtype or self.dtype, device=device)
     copy.copy_(self, non_blocking=non_blocking)
     own(copy)  # a user's tensor from the start, as torch.tensor's (front/tensor.py's owners)
     return copy

@@ -163,11 +163,20 @@ def stamp_owners() -> None:
             value.previous = latest.get(owner)
 
 
+def copy_strides(t: torch.Tensor, memory_format=torch.preserve_format) -> tuple[int, ...]:
+    """The strides eager's copy of `t` (host or lazy) to another device takes: a dense tensor's own,
+    else dense ones in the same order (as `empty_like` lays out), or those of `memory_format`."""
+    if memory_format is torch.preserve_format and t.is_contiguous():
+        return t.stride()
+    return torch.empty_like(torch.empty_strided(t.shape, t.stride(), device="meta"),
+                            memory_format=memory_format).stride()
+
+
 def from_host(t: torch.Tensor, *, label: str | None = None) -> LazyTensor:
     """The device copy keeps a dense host tensor's strides, as eager's copies between devices do."""
     aval = Aval(tuple(t.shape), t.dtype)
-    strides = t.stride() if t.is_contiguous() else torch.empty_like(t, device="meta").stride()
-    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label), layout=(strides, 0))
+    return new_tensor(aval, data=DeviceData(transfer.to_device(t), aval, label=label),
+                      layout=(copy_strides(t), 0))
 
 
 def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
@@ -177,6 +186,5 @@ def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
     host = transfer.to_host(engine.read(state).array, inner.dtype)
     if inner.is_contiguous():
         return host
-    # laid out as eager's copy from a GPU is (.cpu(), torch.save): a dense tensor's strides kept
-    strides = torch.empty_like(torch.empty_strided(inner.shape, inner.stride(), device="meta")).stride()
-    return torch.empty_strided(inner.shape, strides, dtype=inner.dtype).copy_(host)
+    # laid out as eager's copy from a GPU is (.cpu(), torch.save)
+    return torch.empty_strided(inner.shape, copy_strides(inner), dtype=inner.dtype).copy_(host)
