@@ -15,7 +15,8 @@ class Config:
     # Donate overwritten buffers at step markers.
     donate: bool = True
     # Wait for each execution to finish, so StepRecord.timings.execute is its
-    # real duration; off lets tracing of the next step overlap execution.
+    # real duration; off lets tracing of the next step overlap execution (on
+    # CPU only with JAX_CPU_ENABLE_ASYNC_DISPATCH=1: docs/process.md).
     wait_for_execution: bool = True
     # Compute eager's checks in each step's executable (indices in range, no
     # integer division by zero) and raise eager's error after the step; off,
