@@ -280,8 +280,11 @@ def test_in_place_update_with_a_bad_index_loses_nothing(dev, monkeypatch, wait):
 
 
 _VIEW_MISS = pytest.mark.xfail(strict=True, reason=(
-    "open: a view written in place is not owned (its base may be a tensor xlakit never held): a failed "
-    "step poisons it, where eager leaves it as it was"))
+    "open: a view written in place is not owned, and a failed step poisons it where eager leaves it as it "
+    "was. Owning it and its base is not enough: functionalization rebuilds the base from the view's computed "
+    "buffer, not from the base's own, and taking that buffer for the base's old value could give back a "
+    "stale base (base.add_(1), a partial sync of the view, then the failed write); it needs to know which "
+    "buffer is a view of which"))
 _MADE_ON_DEVICE = {
     "to": lambda dev: torch.arange(12.0).view(4, 3).to(dev),
     "tensor": lambda dev: torch.tensor([[0.0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]], device=dev),
