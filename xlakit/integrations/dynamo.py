@@ -129,7 +129,7 @@ class _Replay:
     def __call__(self, inputs: list, values: list):
         """`values`: per input, the LiveValue behind it where it is on the device (else None)."""
         engine = current()
-        arrays = [a.array for a in self._arguments(inputs, values, lambda value: engine.read(value))]
+        arrays = [a.array for a in self._arguments(inputs, values, engine.read)]
         donated = self._donated(values)
         if donated and self.donating is None:  # (entry, its graph's metadata digest)
             self.donating = (compiled.donating(engine, self.graph, tuple(sorted(self.donors)), self.placement),
@@ -259,11 +259,14 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     # the outputs eager has on the host (`loss.cpu()`, a factory with no device, a host input's gradient)
     host = _host_outputs(gm, len(updated), forward)
     reason = _recompile_reason()
+    # Dynamo's guards fix the shapes and dtypes of a graph with no symbolic size: one signature
+    static = all(isinstance(x, torch.Tensor) and not any(isinstance(d, torch.SymInt) for d in x.shape)
+                 for x in example_inputs)
 
     def run(*inputs, direct: bool = False):
         """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined."""
         values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
-        signature = _signature(inputs)
+        signature = () if static else _signature(inputs)
         replay = replays.get(signature)
         if replay is not None and replay.joins(values, training=training, direct=direct):
             return _to_host_at(host, replay.emit(list(inputs), values))
