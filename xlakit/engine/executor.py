@@ -123,10 +123,9 @@ class Engine:
         self._refs[key] = weakref.KeyedRef(tensor, self._forget, key)
 
     def _forget(self, ref: weakref.KeyedRef) -> None:
-        """A registered tensor died: its value goes now, its buffer with it. Kept until the next
-        sync, the outputs of compiled calls (which make no sync) piled up: 8 MiB per call of
-        a Linear's output, 300 calls 2.4 GB. Called where the tensor dies, in any thread; a
-        tensor registered again has a newer reference, and this older one forgets nothing."""
+        """A registered tensor died: its value goes now, its buffer with it (kept until the next
+        sync, compiled calls' outputs piled up: they make no sync). Called where the tensor dies,
+        in any thread; a tensor registered again has a newer reference, and this one forgets nothing."""
         if self._refs.get(ref.key) is ref:
             del self._refs[ref.key]
             self.tensors.pop(ref.key, None)
