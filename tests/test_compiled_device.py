@@ -122,6 +122,22 @@ def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
     assert not [w for w in recwarn if "global hooks" in str(w.message)]
 
 
+
+@pytest.mark.parametrize("order", ["move_then_compile", "compile_then_move"])
+def test_a_compiled_modules_wrapper_is_not_hooked_and_its_parameters_keep_their_names(dev, order):
+    # the wrapper's hooks cost ~10 µs of each call and named the parameters `_orig_mod.*`
+    model = MLP()
+    compiled = torch.compile(model.to(dev), backend="xlakit") if order == "move_then_compile" else \
+        torch.compile(model, backend="xlakit").to(dev)
+    assert not compiled._forward_pre_hooks and not compiled._forward_hooks
+    assert all(len(m._forward_pre_hooks) == len(m._forward_hooks) == 1 for m in model.modules())
+    with torch.no_grad():
+        for _ in range(2):
+            compiled(torch.randn(3, 8).to(dev))
+    labels = {p.label for p in xlakit.last_step().graph.params} - {None}
+    assert labels == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}, labels
+
+
 # -- compiled inference and training steps against eager ------------------------------
 # test_modules.py's and test_real_models.py's tolerances
 TOL = dict(rtol=2e-4, atol=2e-5)

@@ -14,6 +14,7 @@ a hooked module or a hooked module in it."""
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 
@@ -52,19 +53,23 @@ def _on_call(module: torch.nn.Module, args) -> None:
     """Each call of a hooked module: the first names its parameters and buffers (the
     outermost module runs its pre-hook first, so names are relative to it); each enters
     its module path and checks autocast's device type. One pre-hook, not three: each hook
-    is a Python call at every call of the module (a compiled module's wrapper is hooked
-    too: ~5 µs of a ~190 µs call)."""
+    is a Python call at every call of the module."""
     if torch.compiler.is_compiling():
         return
     if module not in _SEEN:
-        _SEEN.add(module)
-        for name, t in (*module.named_parameters(), *module.named_buffers()):
-            if t.device != DEVICE:
-                continue
-            labels.name_if_unnamed(t, name)
-            _rebase_grads_of(t)
+        _name_tensors(module)
     module_paths.module_entered(module, args)
     autocast.warn_other_device_type(module, args)
+
+
+def _name_tensors(module: torch.nn.Module) -> None:
+    """Name the module's device parameters and buffers (for step records), relative to it,
+    and keep their gradients free of view bases."""
+    _SEEN.add(module)
+    for name, t in (*module.named_parameters(), *module.named_buffers()):
+        if t.device == DEVICE:
+            labels.name_if_unnamed(t, name)
+            _rebase_grads_of(t)
 
 
 # -- the hooks of modules on the device -------------------------------------------
@@ -74,7 +79,11 @@ def _hooked(module: torch.nn.Module) -> bool:
 
 def hook(module: torch.nn.Module) -> None:
     """Give `module` and its submodules xlakit's forward hooks (once each; a deep copy
-    of a hooked module has them already)."""
+    of a hooked module has them already). torch.compile(module)'s wrapper is not hooked: its
+    module is, and named now, as Dynamo traces that module's hooks, never running them."""
+    if _compiled_wrapper(module):
+        _name_tensors(module._orig_mod)
+        module = module._orig_mod
     for m in module.modules():
         if not _hooked(m):
             m.register_forward_pre_hook(_on_call)
@@ -95,10 +104,18 @@ def _on_tensor_registered(module: torch.nn.Module, name: str, t) -> None:
 def _on_module_registered(parent: torch.nn.Module, name: str, child) -> None:
     if isinstance(child, torch.nn.Module) and not torch.compiler.is_compiling() and (
             _hooked(parent) or _hooked(child)):
-        hook(parent)
+        if _compiled_wrapper(parent):  # torch.compile(module) wraps a hooked module
+            _name_tensors(child)
+        else:
+            hook(parent)
         hook(child)  # not in the parent's modules yet
 
 
+def _compiled_wrapper(module: torch.nn.Module) -> bool:
+    """torch.compile(module)'s wrapper (Dynamo is loaded by then). Hooking it would cost ~10 µs of
+    each compiled call's Python, and name its parameters `_orig_mod.*`."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
 
 # -- shared parameters survive the move to the device ---------------------------
