@@ -567,8 +567,14 @@ def test_bf16_weights_a_view_input_and_a_dict_returned_match_eager(dev):
     _check_log(log)
 
 
-def test_a_compiled_model_under_inference_mode_matches_eager(dev):
+@pytest.mark.parametrize("before", [None, "eager_call"])
+def test_a_compiled_model_under_inference_mode_matches_eager(dev, before):
+    # "eager_call": a call outside inference mode first; the trace's views of its parameters
+    # then raised "Cannot set version_counter for inference tensor"
     eager, model = _pair(Net)
+    if before == "eager_call":
+        with torch.no_grad():
+            _same(model(torch.ones(2, 8).to(dev)), eager(torch.ones(2, 8)))
     compiled = torch.compile(model, backend="xlakit")
     with dynamo_log() as log, torch.inference_mode():
         for k in range(STEPS):

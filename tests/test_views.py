@@ -1,4 +1,6 @@
 """Views and in-place ops: every mutation on a base or a view, then read both, as eager does."""
+import copy
+
 import pytest
 import torch
 
@@ -76,6 +78,25 @@ def test_a_buffer_read_by_a_live_view_is_never_donated(dev):
     assert [d.shape for d in record.donated] == [(6,)]
     assert view.cpu().tolist() == [20.0, 30.0]
     assert base.cpu().tolist() == [0.0, 10.0, 20.0, 30.0, 40.0, 50.0]
+
+
+@pytest.mark.parametrize("first", ["inference_mode", "no_grad"])
+def test_a_module_first_called_in_inference_mode_matches_eager(dev, first):
+    # its first call names its parameters, and reading them there left each one raising
+    # "Cannot set version_counter for inference tensor" at every view of it (a Linear's
+    # weight.t()), in that call and all later ones
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    model = copy.deepcopy(eager).to(dev)
+    x = torch.randn(4, 6)
+    with torch.inference_mode() if first == "inference_mode" else torch.no_grad():
+        assert_same(model(x.to(dev)), eager(x))
+    for _ in range(2):
+        with torch.inference_mode():
+            got, want = model(x.to(dev)), eager(x)
+            assert got.is_inference() == want.is_inference()
+            assert_same(got, want)
+        assert_same(model(x.to(dev)).detach(), eager(x).detach())  # and outside it
 
 
 @pytest.mark.parametrize("name", sorted(VIEWS))

@@ -99,8 +99,15 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
         return t
     if torch._is_functional_tensor(t):
         # the C++ sync torch._sync calls for a wrapper that is not a Python FunctionalTensor
-        # (never one here: _is_functional_tensor is False for those); ~2 µs less per tensor
-        torch._functionalize_sync(t)
+        # (never one here: _is_functional_tensor is False for those); ~2 µs less per tensor.
+        # Not under inference mode: called there on a tensor made outside it (a module's
+        # parameter, named at the module's first call), it left the tensor raising "Cannot
+        # set version_counter for inference tensor" at every view of it from then on
+        if torch.is_inference_mode_enabled():
+            with torch.inference_mode(False):
+                torch._functionalize_sync(t)
+        else:
+            torch._functionalize_sync(t)
         inner = torch._from_functional_tensor(t)
         if isinstance(inner, LazyTensor):
             return inner
