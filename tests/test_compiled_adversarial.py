@@ -434,6 +434,49 @@ def test_an_ema_updated_after_the_optimizer_joins_the_steps_executable(dev):
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
 
 
+
+class FirstCallSetsAConfig(Net):
+    """Sets an attribute on its first call, as transformers' classifiers set config.problem_type:
+    Dynamo compiles the step again at its second call, which runs its graphs one by one."""
+
+    problem = None
+
+    def forward(self, x):
+        if self.problem is None:
+            self.problem = "regression"
+        return super().forward(x)
+
+
+@pytest.mark.parametrize("make_opt", [_adamw, _sgd], ids=["adamw", "sgd_momentum"])
+@pytest.mark.parametrize("case", ["plain", "recompiled", "named"])
+def test_the_whole_step_compiles_once(dev, case, make_opt):
+    # from the first step compiled whole, one key. Those were two: "plain" with SGD: the step that
+    # traced the optimizer's graph again (momentum buffers, new) computed its inputs by a partial
+    # sync, which left the forward's update of a buffer (the call count) to the next step;
+    # "recompiled": the step after Dynamo's recompile uploaded AdamW's host step counts (donated),
+    # the next read them kept on the device (read-only); "named" (a model that ran eagerly first):
+    # the first whole step read parameters a graph's replay computed, unnamed, so its donors
+    # paired by shape, not by name
+    eager, model, eager_opt, opt = _pair(FirstCallSetsAConfig if case == "recompiled" else Net, make_opt)
+    if case == "named":
+        with torch.no_grad():
+            model(torch.randn(2, 8).to(dev))
+            eager(torch.randn(2, 8))
+        xlakit.mark_step()  # its update of the call count, not left for the first whole step
+    compiled = torch.compile(_train_step, backend="xlakit")
+    steps = []
+    with dynamo_log() as log:
+        for k in range(STEPS + 2):
+            x, y = _batch(k)
+            with xlakit.capture() as records:
+                _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+            steps.append([(r.trigger, r.key) for r in records])
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+    assert all(len(s) == 1 and s[0][0] == "compiled" for s in steps[2:]), steps  # each one executable
+    assert len({s[0][1] for s in steps[2:]}) == 1, steps  # of one key
+
+
 # -- parameter groups, freezing mid-training, train/eval, grad modes -------------------------
 
 def test_parameter_groups_and_freezing_a_layer_mid_training_match_eager(dev):

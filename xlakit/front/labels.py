@@ -35,6 +35,14 @@ def name_if_unnamed(tensor: torch.Tensor, name: str) -> None:
         _stamp(tensor, name)
 
 
+def stamp_if_named(tensor: torch.Tensor) -> None:
+    """Give a named tensor's new value its name now, as a step's results get theirs: a value a
+    compiled graph computed outside a step, which the next step reads (its donors are paired by name)."""
+    name = _NAMES.get(tensor)
+    if name is not None:
+        _stamp(tensor, name)
+
+
 def _stamp(tensor: torch.Tensor, name: str) -> None:
     value = unwrap(tensor)._state
     value.label = name

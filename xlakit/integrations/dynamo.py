@@ -40,7 +40,7 @@ from ..core.record import Cache, GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled, keys
 from ..engine.executor import current
-from ..front import autocast, dynamo_frames, install
+from ..front import autocast, dynamo_frames, install, labels
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
 from ..lowerings import verdicts
 
@@ -200,8 +200,10 @@ class _Replay:
             else:
                 arguments.append(src)
         if host:
+            # read-only, as the device value kept for a host input is (_keep_on_device): a step that
+            # uploads them and the next, which reads them kept, donate alike (one key, one compile)
             for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
-                arguments[k] = DeviceData(array, avals[k])
+                arguments[k] = DeviceData(array, avals[k], read_only=True)
         return arguments
 
     def _donated(self, values: list) -> dict:
@@ -270,7 +272,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
         replay = replays.get(signature)
         if replay is not None and replay.joins(values, training=training, direct=direct):
             return _to_host_at(host, replay.emit(list(inputs), values))
-        _compute_pending(values)
+        _compute_pending(values, tracing=replay is None)
         if replay is not None:
             return replay(list(inputs), values)
         with draws_logged() as draws:
@@ -335,18 +337,21 @@ def _updated_inputs() -> list[int | None]:
             for i in meta.mutated_inp_runtime_indices]
 
 
-def _compute_pending(values) -> None:
+def _compute_pending(values, *, tracing: bool) -> None:
     """The graph runs on its inputs' device buffers: lazy inputs still pending (a compiled
     forward inside a lazy step, optimizer state made at its first step) are computed
-    first, in one partial sync. Traced as part of the graph instead, they were computed
-    again, from their old inputs, at every replay. `values`: per input, its LiveValue or None."""
+    first. Traced as part of the graph instead, they were computed again, from their old
+    inputs, at every replay. `values`: per input, its LiveValue or None. Before a trace,
+    by a step marker: a partial sync left the rest of the step pending (BatchNorm's
+    statistics, a forward's graph updated), and the next step, which computed it, was
+    another program than the steps after it (one more compile of the whole step)."""
     pending = [value for value in values if value is not None]
     for value in pending:
         value.resolve()
     compiled.fill_constants(pending)
     pending = [value for value in pending if value.node is not None]
     if pending or current().asserts:  # a pending assert as well: else the trace would keep checking it
-        current().sync(pending, trigger=Trigger.DYNAMO)
+        current().sync(None if tracing else pending, trigger=Trigger.DYNAMO)
 
 
 def _signature(inputs) -> tuple:
@@ -694,6 +699,7 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
         torch._functionalize_commit_update(original)
         torch._functionalize_sync(original)
         torch.autograd.graph.increment_version(original)
+        labels.stamp_if_named(original)
     elif original.requires_grad and original.is_leaf:  # a mutation autograd did not see
         original.detach().copy_(new)
     else:
