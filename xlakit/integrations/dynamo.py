@@ -342,8 +342,8 @@ def _compute_pending(values, *, tracing: bool) -> None:
     forward inside a lazy step, optimizer state made at its first step) are computed
     first. Traced as part of the graph instead, they were computed again, from their old
     inputs, at every replay. `values`: per input, its LiveValue or None. Before a trace,
-    by a step marker: a partial sync left the rest of the step pending (BatchNorm's
-    statistics, a forward's graph updated), and the next step, which computed it, was
+    by a step marker: a partial sync left the rest of the step pending (a buffer a
+    forward's graph updated: BatchNorm's statistics), and the next step, which computed it, was
     another program than the steps after it (one more compile of the whole step)."""
     pending = [value for value in values if value is not None]
     for value in pending:
@@ -694,12 +694,14 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
     copy_'s is; others are copied as AOTAutograd copies them."""
     if torch._is_functional_tensor(original) and torch._is_functional_tensor(new) and \
             original.shape == new.shape and original.dtype == new.dtype:
-        value = LazyTensor(unwrap(new)._state, (original.stride(), original.storage_offset()))
+        state = unwrap(new)._state
+        value = LazyTensor(state, (original.stride(), original.storage_offset()))
         torch._functionalize_replace(original, value)
         torch._functionalize_commit_update(original)
         torch._functionalize_sync(original)
         torch.autograd.graph.increment_version(original)
-        labels.stamp_if_named(original)
+        if state.data is not None:  # a replay's, computed outside a step: named now, as a step's results are
+            labels.stamp_if_named(original)
     elif original.requires_grad and original.is_leaf:  # a mutation autograd did not see
         original.detach().copy_(new)
     else:
