@@ -454,12 +454,15 @@ def _record(func, args, kwargs):
 
 
 def _new_outputs(node, info, args, avals, layouts) -> list:
-    if info.view is not None and torch.is_inference_mode_enabled() and not args[0].is_inference():
+    if torch.is_inference_mode_enabled() and (info.view is not None or node.op.is_view) \
+            and not args[0].is_inference():
         # In inference mode a view of a normal tensor is a normal tensor (eager
         # torch). Functionalization gives the view's wrapper the inner value's
         # inference-ness, then the base's version counter, which torch refuses
         # for an inference tensor ("Cannot set version_counter for inference
         # tensor": every view failed under torch.inference_mode, as in torch_xla).
+        # `is_view`: the view ops themselves, which a torch.compile graph runs on
+        # LazyTensors (functionalization records their _copy forms).
         with torch._C._InferenceMode(False):
             return _outputs(node, avals, layouts)
     return _outputs(node, avals, layouts)

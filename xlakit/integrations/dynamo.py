@@ -371,7 +371,7 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     env: dict = {}
     placeholders = iter(lazy_inputs)
     outputs = None
-    with current().log.capture() as steps, _outside_inference_mode():
+    with current().log.capture() as steps:
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 env[node.name] = next(placeholders)
@@ -399,19 +399,6 @@ def _interpret(gm, inputs, record: CompiledGraph, reason: str):
     record.executables = len(steps)
     record.graph = _fx_graph_info(gm, record)
     return outputs, execution, placeholder_data, output_values
-
-
-@contextlib.contextmanager
-def _outside_inference_mode():
-    """The graph's ops run on LazyTensors themselves, below functionalization: under
-    torch.inference_mode, a view of a tensor made outside it (a parameter) was an inference
-    tensor, and autograd's view tracking raised "Cannot set version_counter for inference
-    tensor". Its ops are recorded, not differentiated: grad mode stays off."""
-    if not torch.is_inference_mode_enabled():
-        yield
-        return
-    with torch.inference_mode(False), torch.no_grad():
-        yield
 
 
 def _split_why(node: torch.fx.Node, trigger: Trigger) -> str:
