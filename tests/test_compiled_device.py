@@ -123,20 +123,26 @@ def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
 
 
 
-@pytest.mark.parametrize("order", ["move_then_compile", "compile_then_move"])
-def test_a_compiled_modules_wrapper_is_not_hooked_and_its_parameters_keep_their_names(dev, order):
-    # the wrapper's hooks cost ~10 µs of each call and named the parameters `_orig_mod.*`
+@pytest.mark.parametrize("order", ["move_then_compile", "compile_then_move", "compiled_block"])
+def test_a_compiled_modules_wrapper_is_unhooked_after_its_first_call_and_names_its_parameters(dev, order):
+    # hooks on the wrapper cost ~10 µs of each call; its parameters were named `_orig_mod.*`
     model = MLP()
-    compiled = torch.compile(model.to(dev), backend="xlakit") if order == "move_then_compile" else \
-        torch.compile(model, backend="xlakit").to(dev)
-    assert not compiled._forward_pre_hooks and not compiled._forward_hooks
-    assert all(len(m._forward_pre_hooks) == len(m._forward_hooks) == 1 for m in model.modules())
+    if order == "move_then_compile":
+        compiled = torch.compile(model.to(dev), backend="xlakit")
+    elif order == "compile_then_move":
+        compiled = torch.compile(model, backend="xlakit").to(dev)
+    else:  # a block compiled inside a model on the device, which runs first: names relative to it
+        model.l2 = torch.compile(model.l2.to(dev), backend="xlakit")
+        compiled = model.to(dev)
     with torch.no_grad():
         for _ in range(2):
             compiled(torch.randn(3, 8).to(dev))
-    labels = {p.label for p in xlakit.last_step().graph.params} - {None}
+    wrapper = model.l2 if order == "compiled_block" else compiled
+    assert not wrapper._forward_pre_hooks and not wrapper._forward_hooks
+    assert all(len(m._forward_pre_hooks) == len(m._forward_hooks) == 1 for m in wrapper._orig_mod.modules())
+    records = [r for r in xlakit.steps()[-2:] if r.trigger in ("compiled", "mark_step", "dynamo")]
+    labels = {p.label for r in records for p in r.graph.params} - {None, "scalar"}
     assert labels == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}, labels
-
 
 # -- compiled inference and training steps against eager ------------------------------
 # test_modules.py's and test_real_models.py's tolerances

@@ -68,7 +68,7 @@ def _name_tensors(module: torch.nn.Module) -> None:
     _SEEN.add(module)
     for name, t in (*module.named_parameters(), *module.named_buffers()):
         if t.device == DEVICE:
-            labels.name_if_unnamed(t, name)
+            labels.name_if_unnamed(t, name.replace("_orig_mod.", ""))  # through torch.compile's wrappers
             _rebase_grads_of(t)
 
 
@@ -79,15 +79,24 @@ def _hooked(module: torch.nn.Module) -> bool:
 
 def hook(module: torch.nn.Module) -> None:
     """Give `module` and its submodules xlakit's forward hooks (once each; a deep copy
-    of a hooked module has them already). torch.compile(module)'s wrapper is not hooked: its
-    module is, and named now, as Dynamo traces that module's hooks, never running them."""
-    if _compiled_wrapper(module):
-        _name_tensors(module._orig_mod)
-        module = module._orig_mod
+    of a hooked module has them already). torch.compile(module)'s wrapper gets one that
+    names its parameters at its first call and goes: hooks on it cost ~10 µs of every
+    compiled call's Python, and its module, whose hooks Dynamo traces, has its own."""
     for m in module.modules():
-        if not _hooked(m):
+        if _compiled_wrapper(m):
+            if m not in _SEEN and not any(h is _name_at_first_call for h in m._forward_pre_hooks.values()):
+                m.register_forward_pre_hook(_name_at_first_call)
+        elif not _hooked(m):
             m.register_forward_pre_hook(_on_call)
             m.register_forward_hook(module_paths.module_left, always_call=True)
+
+
+def _name_at_first_call(wrapper: torch.nn.Module, args) -> None:
+    if wrapper not in _SEEN:  # names relative to it, unless a module around it ran first
+        _name_tensors(wrapper)
+    for key, h in list(wrapper._forward_pre_hooks.items()):
+        if h is _name_at_first_call:
+            del wrapper._forward_pre_hooks[key]
 
 
 def _hook_if_on_device(module: torch.nn.Module) -> None:
@@ -104,16 +113,12 @@ def _on_tensor_registered(module: torch.nn.Module, name: str, t) -> None:
 def _on_module_registered(parent: torch.nn.Module, name: str, child) -> None:
     if isinstance(child, torch.nn.Module) and not torch.compiler.is_compiling() and (
             _hooked(parent) or _hooked(child)):
-        if _compiled_wrapper(parent):  # torch.compile(module) wraps a hooked module
-            _name_tensors(child)
-        else:
-            hook(parent)
+        hook(parent)
         hook(child)  # not in the parent's modules yet
 
 
 def _compiled_wrapper(module: torch.nn.Module) -> bool:
-    """torch.compile(module)'s wrapper (Dynamo is loaded by then). Hooking it would cost ~10 µs of
-    each compiled call's Python, and name its parameters `_orig_mod.*`."""
+    """torch.compile(module)'s wrapper (Dynamo is loaded by then)."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")
     return eval_frame is not None and isinstance(module, eval_frame.OptimizedModule)
 
