@@ -434,7 +434,6 @@ def test_an_ema_updated_after_the_optimizer_joins_the_steps_executable(dev):
     assert [(r.trigger, r.cache) for r in records] == [("compiled", "hit")], records
 
 
-
 class FirstCallSetsAConfig(Net):
     """Sets an attribute on its first call, as transformers' classifiers set config.problem_type:
     Dynamo compiles the step again at its second call, which runs its graphs one by one."""

@@ -122,7 +122,6 @@ def test_compiling_a_module_does_not_warn_about_global_hooks(dev, recwarn):
     assert not [w for w in recwarn if "global hooks" in str(w.message)]
 
 
-
 @pytest.mark.parametrize("order", ["move_then_compile", "compile_then_move", "compiled_block"])
 def test_a_compiled_modules_wrapper_is_unhooked_after_its_first_call_and_names_its_parameters(dev, order):
     # hooks on the wrapper cost ~10 µs of each call; its parameters were named `_orig_mod.*`
@@ -143,6 +142,7 @@ def test_a_compiled_modules_wrapper_is_unhooked_after_its_first_call_and_names_i
     records = [r for r in xlakit.steps()[-2:] if r.trigger in ("compiled", "mark_step", "dynamo")]
     labels = {p.label for r in records for p in r.graph.params} - {None, "scalar"}
     assert labels == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}, labels
+
 
 # -- compiled inference and training steps against eager ------------------------------
 # test_modules.py's and test_real_models.py's tolerances
