@@ -2,7 +2,15 @@
 # torch_xla 2.9.0 (`make test`, the README's test command); .venv-latest the newest torch
 # and jax that install here; .venv-colab the Colab TPU runtime's versions.
 PY ?= python3
-TESTS := pytest -q tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
+# One worker per core (pytest-xdist). --dist loadscope keeps a test module, and a notebook's cells,
+# in one worker and in order: module fixtures are set up once, and nbval's kernel sees every cell.
+TESTS := pytest -q -n auto --dist loadscope --durations=25 tests notebooks --nbval-lax \
+	--sanitize-with notebooks/sanitize.cfg
+# uv installs a column in seconds where pip took minutes (the two torch 2.9.0 columns share its
+# cache: one download, hard links into each venv). uv reads no pip configuration: it is handed
+# pip's find-links, where machines of this kind keep torch 2.13.0's CPU build.
+UV := uv==0.13.9
+export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
 .PHONY: venv test test-latest test-colab dist test-wheel browser graphviz screenshots js lab bench fuzz clean
 
@@ -21,10 +29,10 @@ venv: .venv/.installed
 # moved any pinned version (as `%pip install xlakit` must not on Colab).
 %/.installed: pyproject.toml requirements-tools.txt
 	test -x $*/bin/python || $(PY) -m venv $*
-	$*/bin/pip install -q --upgrade pip
-	$*/bin/pip install -q -r $(STACK)
-	$(if $(PEER),$*/bin/pip install -q --force-reinstall --no-deps $(PEER))
-	$*/bin/pip install -q -e .
+	$*/bin/pip install -q $(UV)
+	$*/bin/uv pip install -q --python $*/bin/python -r $(STACK)
+	$(if $(PEER),$*/bin/uv pip install -q --python $*/bin/python --reinstall --no-deps $(PEER))
+	$*/bin/uv pip install -q --python $*/bin/python -e .
 	$*/bin/python scripts/check_stack.py $(STACK)
 	touch $@
 

@@ -25,6 +25,19 @@ import torch  # noqa: E402
 import xlakit  # noqa: E402
 
 
+# pytest-xdist (--dist loadscope: the Makefile's TESTS) gives each worker the next module in
+# collection order. These took the longest (--durations, two workers): started first, none of
+# them is left to run alone at the end while the other worker idles.
+LONGEST_FIRST = ["test_bench_smoke.py", "test_moe.py", "test_real_models.py", "test_browser.py",
+                 "test_numerics.py", "test_compiled_adversarial.py", "test_hashing_donation.py",
+                 "test_compiled_device.py", "test_spmd.py", "06_numerics.ipynb"]
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order stays
+
+
 @pytest.fixture(scope="module")
 def shell():
     """A real IPython shell with xlakit's magics loaded (the notebook tests drive it)."""
