@@ -32,9 +32,10 @@ transformers.logging.set_verbosity_error()  # config nags about the tiny vocabul
 # at the level of the small modules there (measured: losses within 2e-7
 # relative, parameters within 1e-5 absolute).
 TOL = dict(rtol=2e-4, atol=2e-5)
-# How many times eager float32's own distance from float64 a device result may be from eager
-# float32: each is about that far from the exact result, in its own summation order, so 2 apart
-# at most if the device rounds as well as eager; 4 leaves room for XLA's fused sums.
+# A trained parameter may be this many times eager float32's own distance from float64 away from
+# eager (float64_spread): each float32 run is about that far from the exact result in its own
+# summation order, so 2 apart if XLA rounds as well as eager; 4 leaves room for its fused sums.
+# Measured here: timm's ViT 2.0e-5 (8.1e-5 allowed), diffusers' UNet 8.0e-6 (3.2e-5), the others under 4e-6 (TOL).
 SPREADS = 4
 STEPS = 4
 # eps 1e-6 (BERT's own): attention key biases have a zero true gradient
@@ -242,16 +243,17 @@ class Steps:
         self._seen = len(records)
 
 
-def float64_spread(model, batch, trained) -> dict[str, float]:
-    """Per parameter and buffer of `trained` (`model` trained by train() in float32), its largest
-    distance from the same training in float64: how far eager's own rounding takes it. A tolerance
-    from it holds on every CPU, where one machine's measured difference did not (timm's ViT: one
-    weight of 36,864 off by 2.64e-5 on another CPU of this kind, where 2e-5 was allowed)."""
+def float64_spread(model, batch, trained, zero_gradient) -> float:
+    """How far eager's own rounding takes `trained` (`model` trained by train() in float32): the
+    largest distance of a parameter from the same training in float64, over the model's parameters
+    but those whose gradient is rounding noise (ZERO_GRADIENT). One loss reaches every parameter,
+    so the largest bounds each: per tensor, timm's ViT on another CPU of this kind put one weight
+    2.64e-5 from eager's (4.2 times that tensor's own spread here), where a fixed 2e-5 was allowed."""
     exact = copy.deepcopy(model).double()
     train(exact, {k: v.double() if v.is_floating_point() else v for k, v in batch.items()}, lambda: None)
-    return {name: (mine.detach().double() - theirs.detach()).abs().max().item() if mine.is_floating_point() else 0.0
-            for (name, mine), theirs in zip([*trained.named_parameters(), *trained.named_buffers()],
-                                            [*exact.parameters(), *exact.buffers()])}
+    return max((mine.detach().double() - theirs.detach()).abs().max().item()
+               for (name, mine), theirs in zip(trained.named_parameters(), exact.parameters())
+               if not zero_gradient.fullmatch(name))
 
 
 def train_both(model, lazy, batch, dev):
@@ -294,25 +296,24 @@ def test_training_matches_eager(dev, fallback_warnings, name):
 
     untrained = copy.deepcopy(model)
     step, lazy_losses, eager_losses = train_both(model, lazy, batch, dev)
-    spread = float64_spread(untrained, batch, model)
+    zero_gradient = ZERO_GRADIENT.get(name, re.compile("^$"))
+    atol = max(TOL["atol"], SPREADS * float64_spread(untrained, batch, model, zero_gradient))
 
     for got, want in zip(lazy_losses, eager_losses):
         assert_same(got, want, **TOL)
         assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item())  # the issue's bar for GPT-2, met by all
     names = [n for n, _ in model.named_parameters()]
-    zero_gradient = ZERO_GRADIENT.get(name, re.compile("^$"))
     for n, p, q in zip(names, lazy.parameters(), model.parameters()):
         if zero_gradient.fullmatch(n):
             assert q.grad.abs().max() < 1e-8, f"{n}: its gradient is not noise: {q.grad}"
             assert_same(p, q.detach(), rtol=0, atol=STEPS * LR, msg=lambda m, n=n: f"{n}: {m}")
         else:
-            assert_same(p, q.detach(), rtol=TOL["rtol"], atol=max(TOL["atol"], SPREADS * spread[n]),
-                        msg=lambda m, n=n: f"{n} (eager's float32 spread {spread[n]:.2e}): {m}")
+            assert_same(p, q.detach(), rtol=TOL["rtol"], atol=atol, msg=lambda m, n=n: f"{n}: {m}")
     # buffers too: batch norms' running statistics and counts. A running mean averages
     # activations over the batch, where the parameters' rounding adds up (measured: 2.2e-5
     # on means near zero)
     for (n, b), c in zip(model.named_buffers(), lazy.buffers()):
-        assert_same(c, b, rtol=2e-4, atol=max(5e-5, SPREADS * spread[n]), msg=lambda m, n=n: f"{n}: {m}")
+        assert_same(c, b, rtol=2e-4, atol=5e-5, msg=lambda m, n=n: f"{n}: {m}")
     # no recompile after step 2 (the first step also creates the optimizer state).
     # A step's records include partial syncs: transformers reads padding_mask.all()
     # (BERT) and labels.max() (Wav2Vec2ForCTC) in Python, and fallbacks sync their inputs
