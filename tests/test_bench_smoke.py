@@ -19,6 +19,8 @@ BENCHMARKS = {
 
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_benchmark_runs_quick(new_python, name):
+    """Over 20 s: a benchmark script with every peer it compares (real_models: ~110 s alone, its cold starts
+    four new processes)."""
     timeout, expected = BENCHMARKS[name]
     done = new_python(str(BENCH / f"{name}.py"), "--quick", timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -178,6 +178,7 @@ def no_errors_shown(page) -> None:
 
 
 def test_quickstart_renders_the_step_widget(server, notebooks, page, shots):
+    """Over 20 s: JupyterLab in Chromium runs the whole quickstart (its GPT-2 fine-tune among it)."""
     if server[0] != "lab":
         pytest.skip("the README's screenshot is JupyterLab's")
     run_all(page, server, "01_quickstart.ipynb")
@@ -221,6 +222,7 @@ def pick(widget, selector: str, text: str = ""):
 
 
 def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebooks, page, shots):
+    """Over 20 s: a Llama training step run in the browser's kernel, its graph widget driven by clicks."""
     frontend, _, _ = server
     run_all(page, server, "llama.ipynb")
     no_errors_shown(page)

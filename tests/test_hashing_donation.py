@@ -173,6 +173,7 @@ def _run_program(cache_dir: str, hash_seed: str, xla_flags: str = "") -> list[st
 
 
 def test_persistent_cache_hits_in_a_new_process(tmp_path):
+    """Over 20 s under load: two new Python processes (not forked, their hash seeds differ), each importing torch."""
     cache_dir = tmp_path / "cache"
     first, second = _run_program(str(cache_dir), "1"), _run_program(str(cache_dir), "2")
     assert first[0] == "miss" and second[0] == "persistent_hit"
@@ -190,6 +191,7 @@ def test_a_one_device_step_loads_from_disk_in_a_process_with_several_devices(tmp
 
 
 def test_empty_cache_dir_setting_turns_the_disk_cache_off(tmp_path):
+    """Over 20 s under load: two new Python processes, each importing torch and compiling."""
     runs = [_run_program("", "0") for _ in range(2)]
     assert [r[0] for r in runs] == ["miss", "miss"]
 

@@ -188,6 +188,7 @@ def test_compiled_moe_layer_matches_eager_whatever_the_routing(dev, fallback_war
 
 @pytest.mark.parametrize("implementation", COMPILED)
 def test_compiled_moe_training_step_matches_eager(dev, fallback_warnings, implementation):
+    """Over 20 s: Dynamo traces Mixtral's training step (split by transformers' own breaks), each graph compiled."""
     # the causal-LM loss plus the router's load-balancing loss, backward, AdamW
     model, lazy, batch = _pair("mixtral", implementation)
     model.train(), lazy.train()

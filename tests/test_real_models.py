@@ -280,6 +280,8 @@ def fallback_warnings(monkeypatch):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_matches_eager(dev, fallback_warnings, name):
+    """Over 20 s for the bigger models (the diffusers UNet, Wav2Vec2, EfficientNet) on busy cores: two
+    compiles of a whole training step."""
     build, tied, expected_fallbacks = MODELS[name]
     torch.manual_seed(0)
     model, batch = build()
