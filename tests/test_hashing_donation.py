@@ -183,6 +183,7 @@ def test_persistent_cache_hits_in_a_new_process(tmp_path):
 
 
 def test_a_one_device_step_loads_from_disk_in_a_process_with_several_devices(tmp_path):
+    """Over 20 s on busy cores: two new Python processes (not forked: their hash seeds differ)."""
     # JAX loads a deserialized executable onto every device by default: with 8 it expected
     # 8 shards per argument and the second process's step failed
     runs = [_run_program(str(tmp_path), seed, "--xla_force_host_platform_device_count=8") for seed in "12"]
@@ -378,7 +379,8 @@ def test_a_constant_zero_and_negative_zero_are_different_keys(dev):
 def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(new_python, tmp_path):
     """XLA's CPU executables that JAX's cache loaded serialize without their kernels
     ("Function ... not found" when run): only executables compiled in the process are
-    kept, so a process after one that hit JAX's cache still runs and agrees with eager."""
+    kept, so a process after one that hit JAX's cache still runs and agrees with eager.
+    Over 20 s on busy cores: three new processes (forked), each training a small MLP."""
     cache = tmp_path / "cache"
     env = {**os.environ, "XLAKIT_CACHE_DIR": str(cache)}
 
