@@ -2,9 +2,9 @@
 # torch_xla 2.9.0 (`make test`, the README's test command); .venv-latest the newest torch
 # and jax that install here; .venv-colab the Colab TPU runtime's versions.
 PY ?= python3
-# One worker per core (pytest-xdist). --dist loadscope keeps a test module, and a notebook's cells,
-# in one worker and in order: module fixtures are set up once, and nbval's kernel sees every cell.
-TESTS := pytest -q -n auto --dist loadscope --durations=25 tests notebooks --nbval-lax \
+# Two workers, one per core here (pytest-xdist), each a stretch of the serial order in that order
+# (tests/conftest.py's two groups): module fixtures are set up once, nbval's kernel sees every cell.
+TESTS := pytest -q -n 2 --dist loadgroup --durations=25 tests notebooks --nbval-lax \
 	--sanitize-with notebooks/sanitize.cfg
 # uv installs a column in seconds where pip took minutes (the two torch 2.9.0 columns share its
 # cache: one download, hard links into each venv). uv reads no pip configuration: it is handed
