@@ -29,16 +29,15 @@ import xlakit  # noqa: E402
 # collection order: the test files before SECOND_HALF, and the rest with the notebooks, split where
 # a run's measured time halves. Each worker so runs a stretch of the serial order. Dealt out module by
 # module as workers freed up (--dist loadscope), a module met what no serial run leaves it: once, in
-# the Colab column, a tensor half-freed in an earlier module's reference cycle broke every later sync.
+# the Colab column, a tensor an earlier module left half-freed broke every later sync.
 SECOND_HALF = "tests/test_lowerings_shapes.py"
 
 
 def pytest_collection_modifyitems(items):
-    group = "first"
     for item in items:
-        if item.nodeid.startswith((SECOND_HALF, "notebooks/")):
-            group = "second"
-        item.add_marker(pytest.mark.xdist_group(group))
+        path = item.nodeid.split("::")[0]
+        second = path.startswith("notebooks/") or path >= SECOND_HALF
+        item.add_marker(pytest.mark.xdist_group("second" if second else "first"))
 
 
 @pytest.fixture(scope="module")
