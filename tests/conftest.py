@@ -26,7 +26,7 @@ import xlakit  # noqa: E402
 
 
 # The Makefile's TESTS run two pytest-xdist workers (--dist loadgroup), each one group in
-# collection order: the test files before SECOND_HALF, and the rest with the notebooks, split where
+# collection order: the test files before SECOND_HALF, and the rest, split where
 # a run's measured time halves. Each worker so runs a stretch of the serial order. Dealt out module by
 # module as workers freed up (--dist loadscope), a module met what no serial run leaves it: once, in
 # the Colab column, a tensor an earlier module left half-freed broke every later sync.
@@ -35,8 +35,7 @@ SECOND_HALF = "tests/test_lowerings_shapes.py"
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        path = item.nodeid.split("::")[0]
-        second = path.startswith("notebooks/") or path >= SECOND_HALF
+        second = item.nodeid.split("::")[0] >= SECOND_HALF
         item.add_marker(pytest.mark.xdist_group("second" if second else "first"))
 
 
