@@ -13,6 +13,7 @@ NOTEBOOKS = env XLAKIT_CACHE_DIR=$${XLAKIT_CACHE_DIR-$$(mktemp -d)} PJRT_DEVICE=
 # cache: one download, hard links into each venv). uv reads no pip configuration: it is handed
 # pip's find-links, where machines of this kind keep torch 2.13.0's CPU build.
 UV := uv==0.13.9
+UV_PIP = $*/bin/uv pip install -q --python $*/bin/python
 export UV_FIND_LINKS ?= $(or $(PIP_FIND_LINKS),$(shell $(PY) -m pip config get global.find-links 2>/dev/null))
 
 .PHONY: venv test test-latest test-colab dist test-wheel browser graphviz screenshots js lab bench fuzz clean
@@ -33,9 +34,9 @@ venv: .venv/.installed
 %/.installed: pyproject.toml requirements-tools.txt
 	test -x $*/bin/python || $(PY) -m venv $*
 	$*/bin/pip install -q $(UV)
-	$*/bin/uv pip install -q --python $*/bin/python -r $(STACK)
-	$(if $(PEER),$*/bin/uv pip install -q --python $*/bin/python --reinstall --no-deps $(PEER))
-	$*/bin/uv pip install -q --python $*/bin/python -e .
+	$(UV_PIP) -r $(STACK)
+	$(if $(PEER),$(UV_PIP) --reinstall --no-deps $(PEER))
+	$(UV_PIP) -e .
 	$*/bin/python scripts/check_stack.py $(STACK)
 	touch $@
 
