@@ -331,11 +331,15 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     eager_opt, opt = OPTIMIZERS[opt_name](eager.parameters()), OPTIMIZERS[opt_name](model.parameters())
     compiled = torch.compile(train_step, backend="xlakit")
     frames = []
+    # what a fresh process has: no run an earlier test recorded after the same sync (train_step's
+    # line) for this test's last step to replay, or to back off from
+    xlakit.reset()
     with dynamo_log() as log, xlakit.integrations.dynamo.compiled_graphs() as graphs:
-        # one step more: SGD's momentum buffers, new at the second step, trace its graph again, and
+        # two steps more: SGD's momentum buffers, new at the second step, trace its graph again, and
         # the sync before that trace leaves BatchNorm's updates for the third: the fourth is the first
-        # of the steps that repeat
-        for step in range(STEPS + 1):
+        # of the steps that repeat, the fifth the first recorded after the sync that ended a repeat,
+        # and the sixth replays that recording
+        for step in range(STEPS + 2):
             torch.manual_seed(step)  # dropout draws the same masks in both
             before = len(xlakit.steps())
             got = compiled(model, opt, _to(inputs, dev), target.to(dev), loss_fn)
