@@ -2,13 +2,10 @@
 # torch_xla 2.9.0 (`make test`, the README's test command); .venv-latest the newest torch
 # and jax that install here; .venv-colab the Colab TPU runtime's versions.
 PY ?= python3
-# tests/ on two workers, one per core here (pytest-xdist), each a stretch of the serial order in
-# that order (tests/conftest.py's two groups), then the notebooks in one process, as before: in an
-# xdist worker, nbval's kernels lost their state mid-notebook (NameErrors from then on) in two columns.
-# Outside tests/, conftest.py's private cache dir and CPU device are set here.
-TESTS := pytest -q -n 2 --dist loadgroup --durations=25 tests
-NOTEBOOKS = env XLAKIT_CACHE_DIR=$${XLAKIT_CACHE_DIR-$$(mktemp -d)} PJRT_DEVICE=$${PJRT_DEVICE-CPU} \
-	$(1)/bin/python -m pytest -q --durations=10 notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
+# tests/ and the notebooks (nbval) on two workers, one per core here (pytest-xdist): each worker
+# runs one stretch of tests/ in the serial order, then takes notebooks, each whole in one kernel,
+# until none is left (tests/conftest.py's units).
+TESTS := pytest -q -n 2 --durations=25 tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
 # uv installs a column in seconds where pip took minutes (the two torch 2.9.0 columns share its
 # cache: one download, hard links into each venv). uv reads no pip configuration: it is handed
 # pip's find-links, where machines of this kind keep torch 2.13.0's CPU build.
@@ -42,18 +39,15 @@ venv: .venv/.installed
 
 test: venv browser graphviz
 	.venv/bin/python -m $(TESTS)
-	$(call NOTEBOOKS,.venv)
 
 # Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
 test-latest: .venv-latest/.installed browser graphviz
-	.venv-latest/bin/python -m $(TESTS)
-	$(call NOTEBOOKS,.venv-latest) --ignore notebooks/09_torch_xla.ipynb
+	.venv-latest/bin/python -m $(TESTS) --ignore notebooks/09_torch_xla.ipynb
 
 # The Colab TPU stack: the whole suite and the notebooks top to bottom. The JupyterLab 4
 # browser test needs ipywidgets 8, so it is not this column's (Colab's frontend is not JupyterLab).
 test-colab: .venv-colab/.installed graphviz
 	.venv-colab/bin/python -m $(TESTS) --ignore tests/test_browser.py
-	$(call NOTEBOOKS,.venv-colab)
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs

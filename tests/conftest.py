@@ -25,18 +25,36 @@ import torch  # noqa: E402
 import xlakit  # noqa: E402
 
 
-# The Makefile's TESTS run two pytest-xdist workers (--dist loadgroup), each one group in
-# collection order: the test files before SECOND_HALF, and the rest, split where
-# a run's measured time halves. Each worker so runs a stretch of the serial order. Dealt out module by
-# module as workers freed up (--dist loadscope), a module met what no serial run leaves it: once, in
-# the Colab column, a tensor an earlier module left half-freed broke every later sync.
-SECOND_HALF = "tests/test_lowerings_shapes.py"
+# The Makefile's TESTS run tests/ and the notebooks on two pytest-xdist workers, dealt out in
+# the units below. tests/ is two stretches of the serial order, each one worker's from its start:
+# the files before SECOND_STRETCH, and the rest, split where a run's measured time halves (the
+# first holds the benchmark and browser tests, which run in processes of their own). Dealt out
+# module by module as workers freed up (--dist loadscope), a module met what no serial run leaves
+# it: once, in the Colab column, a tensor an earlier module left half-freed broke every later sync.
+# Each notebook is a unit of its own, its cells in order in one kernel; a worker done with its
+# stretch takes the next, so the notebooks even out what the split leaves uneven.
+SECOND_STRETCH = "tests/test_faults.py"
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        second = item.nodeid.split("::")[0] >= SECOND_HALF
-        item.add_marker(pytest.mark.xdist_group("second" if second else "first"))
+def unit_of(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    if path.endswith(".ipynb"):
+        return path
+    return "second stretch" if path >= SECOND_STRETCH else "first stretch"
+
+
+def pytest_xdist_make_scheduler(config, log):
+    # Written here because `--dist loadgroup` no longer groups: pytest 9 ignores the `_nodeid`
+    # that xdist 3.8 rewrites to name an item's group, and dealt out every test alone.
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        """Whole units, the largest first (the stretches), each to the next free worker."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return Units(config, log)
 
 
 @pytest.fixture(scope="module")
