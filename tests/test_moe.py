@@ -90,6 +90,7 @@ def test_training_matches_eager(dev, fallback_warnings, name, implementation):
 
 
 def test_eager_experts_loop_falls_back_and_recompiles_with_the_routing(dev, fallback_warnings):
+    """Over 20 s on busy cores (21 s in CI): each new routing of the experts loop compiles its graphs anew."""
     # transformers' "eager" experts: `torch.where(expert_mask[e])` per routed expert has as
     # many rows as tokens chose e, so nonzero runs on the CPU, and the graphs after it have
     # the routing's shapes: a new routing compiles anew. Values are still eager's.
