@@ -43,6 +43,7 @@ def unit_of(nodeid: str) -> str:
     return "second stretch" if path >= SECOND_STRETCH else "first stretch"
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     # Written here because `--dist loadgroup` no longer groups: pytest 9 ignores the `_nodeid`
     # that xdist 3.8 rewrites to name an item's group, and dealt out every test alone.
