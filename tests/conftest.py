@@ -33,7 +33,7 @@ import xlakit  # noqa: E402
 # it: once, in the Colab column, a tensor an earlier module left half-freed broke every later sync.
 # Each notebook is a unit of its own, its cells in order in one kernel; a worker done with its
 # stretch takes the next, so the notebooks even out what the split leaves uneven.
-SECOND_STRETCH = "tests/test_faults.py"
+SECOND_STRETCH = "tests/test_history_plot.py"
 
 
 def unit_of(nodeid: str) -> str:
