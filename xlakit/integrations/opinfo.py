@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import unittest.mock
 import warnings
 
@@ -99,7 +100,7 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
     if "empty" in name:
         return "skipped", "values are undefined (uninitialized memory)"
     try:
-        samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=False))[:SAMPLES_PER_OP]
+        samples = list(itertools.islice(opinfo.sample_inputs("cpu", dtype, requires_grad=False), SAMPLES_PER_OP))
     except Exception as e:  # noqa: BLE001
         return "skipped", f"no samples: {type(e).__name__}"
     if not samples:
