@@ -154,7 +154,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"device: {jax.devices()[0].device_kind}; torch {torch.__version__}, jax {jax.__version__}")
     compare_with_jax(width=64 if args.quick else 1024, repeats=2 if args.quick else 10)
-    llama_cost(args.model, args.quick, steps=2 if args.quick else 20)  # 2: the fewest quartiles take
+    llama_cost(args.model, args.quick, steps=2 if args.quick else 20)  # 2: the fewest statistics.quantiles takes
 
 
 if __name__ == "__main__":
