@@ -64,13 +64,17 @@ def model_peers(quick: bool):
         return torch_peer(mixtral(quick, implementation), ids, device, after_step=after_step)  # real_models' AdamW step
 
     peers = {"eager torch (grouped_mm)": (peer("grouped_mm", "cpu"), lambda: None, lambda: 0)}
-    return _lazy_peers(peers, peer)
+    # quick: xlakit's batched_mm model (two XLA compiles, ~4 s) is the layer table's peer code again
+    return _lazy_peers(peers, peer, xlakit_implementations=("grouped_mm",) if quick else IMPLEMENTATIONS)
 
 
-def _lazy_peers(peers: dict, peer) -> dict:
-    """torch_xla's and xlakit's peers, with either experts implementation that has static shapes."""
+IMPLEMENTATIONS = ("grouped_mm", "batched_mm")  # the experts implementations with static shapes
+
+
+def _lazy_peers(peers: dict, peer, xlakit_implementations=IMPLEMENTATIONS) -> dict:
+    """torch_xla's peers, with either experts implementation, and xlakit's with `xlakit_implementations`."""
     import xlakit
-    for implementation in ("grouped_mm", "batched_mm"):
+    for implementation in IMPLEMENTATIONS:
         try:
             import torch_xla
             import torch_xla.core.xla_model as xm
@@ -78,7 +82,7 @@ def _lazy_peers(peers: dict, peer) -> dict:
                                                            xm.wait_device_ops, Compiles.torch_xla)
         except ImportError:  # torch_xla needs torch 2.9: the .venv column only
             pass
-    for implementation in ("grouped_mm", "batched_mm"):
+    for implementation in xlakit_implementations:
         peers[f"xlakit lazy ({implementation})"] = (peer(implementation, xlakit.device(), xlakit.mark_step),
                                                     lambda: None, Compiles.xlakit)
     return peers

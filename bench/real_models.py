@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
@@ -132,13 +133,25 @@ def jax_peer(model, logits_fn, ids):
     return step, lambda: jax.block_until_ready(state["p"])
 
 
-def peers(model, logits_fn, ids, device):
+def floor_step(name: str, quick: bool):
+    """One step of `name`'s JAX floor (its JAX model checked against the torch model's loss first)."""
+    model, logits_fn, ids = build(name, quick)
+    step, wait = jax_peer(model, logits_fn, ids)
+    step()
+    wait()
+
+
+def peers(model, logits_fn, ids, device, quick: bool):
     import xlakit
 
     torch_wait = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    # quick: Dynamo with its "eager" backend; inductor's own kernel compiles (C++ here: 5 s, 19 s with an
+    # empty inductor cache, as on a new CI machine) test torch, not this harness
+    backend = "eager" if quick else "inductor"
     result = {"jax.jit (donating)": jax_peer(model, logits_fn, ids),
               "eager torch": (torch_peer(model, ids, device), torch_wait),
-              "torch.compile inductor": (torch_peer(model, ids, device, wrap=torch.compile), torch_wait)}
+              f"torch.compile {backend}": (torch_peer(model, ids, device, wrap=partial(torch.compile, backend=backend)),
+                                          torch_wait)}
     try:
         if device != "cpu":
             raise ImportError("torch_xla runs here on the CPU only")
@@ -171,7 +184,7 @@ def measure(name: str, quick: bool, device: str):
 
     model, logits_fn, ids = build(name, quick)
     steps, rounds = (2, 1) if quick else (3, 5)
-    all_peers = peers(model, logits_fn, ids, device)
+    all_peers = peers(model, logits_fn, ids, device, quick)
     for step, wait in all_peers.values():
         # warm-up: compiles, then the first runs of each new executable, which are slower
         # (xlakit's GPT-2 step: 476, 412, 355 ms, then 280 from the fourth run on)
@@ -223,56 +236,69 @@ def measure(name: str, quick: bool, device: str):
             print(f"| {peer} | {ms:.1f} | {max(ms, PROJECTED_DEVICE_MS):.1f} | {bound} |")
 
 
-def cold_start_child(quick: bool, compiled: bool):
-    """Run in a fresh process: the first two steps' executions (each sync) and wall times;
-    `compiled`: of the whole step under torch.compile."""
+KINDS = ("lazy", "compiled")  # cold start: xlakit's lazy step, and the whole step under torch.compile
+
+
+def cold_start_child(quick: bool, kinds: list[str]):
+    """Run in a fresh process: for each of `kinds` in turn, the first two steps' executions (each
+    sync) and wall times."""
     import xlakit
 
-    model, _, ids = build("Llama", quick)
-    walls = []
-    with xlakit.capture() as records:
-        t = time.perf_counter()
-        step = torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled, after_step=xlakit.wait) if compiled \
-            else torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step)
-        for _ in range(2):
-            step()
-            walls.append(time.perf_counter() - t)
+    report = {}
+    for kind in kinds:
+        model, _, ids = build("Llama", quick)
+        walls = []
+        with xlakit.capture() as records:
             t = time.perf_counter()
-    rows = [{"trigger": r.trigger, "nodes": r.num_nodes, "cache": r.cache, "trace": r.timings.trace,
-             "lower": r.timings.lower, "compile": r.timings.compile, "execute": r.timings.execute} for r in records]
-    print(json.dumps({"executions": rows, "walls": walls}))
+            step = torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled, after_step=xlakit.wait) \
+                if kind == "compiled" else torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step)
+            for _ in range(2):
+                step()
+                walls.append(time.perf_counter() - t)
+                t = time.perf_counter()
+        rows = [{"trigger": r.trigger, "nodes": r.num_nodes, "cache": r.cache, "trace": r.timings.trace,
+                 "lower": r.timings.lower, "compile": r.timings.compile, "execute": r.timings.execute}
+                for r in records]
+        report[kind] = {"executions": rows, "walls": walls}
+    print(json.dumps(report))
 
 
-def two_processes(quick: bool, cache_dir: str, compiled: bool = False) -> list[dict]:
+def two_processes(quick: bool, cache_dir: str, kinds: tuple[str, ...]) -> list[dict]:
     """cold_start_child's report from a fresh process with an empty `cache_dir`, then from a second."""
     env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dir)
-    argv = [sys.executable, __file__, "--cold-start-child"] + ["--quick"] * quick + ["--compiled"] * compiled
+    argv = [sys.executable, __file__, "--cold-start-child", *kinds] + ["--quick"] * quick
     return [json.loads(subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900, check=True)
                        .stdout.strip().splitlines()[-1]) for _ in range(2)]
 
 
 def cold_start(quick: bool):
-    with tempfile.TemporaryDirectory() as cache_dir, tempfile.TemporaryDirectory() as compiled_dir:
-        runs = two_processes(quick, cache_dir)
-        compiled_runs = two_processes(quick, compiled_dir, compiled=True)
-        env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dir)
+    # each kind in processes of its own, its first process cold; the quick run's one pair of processes
+    # runs both kinds: the same code, with two processes (their imports, ~10 s) fewer
+    runs, cache_dirs = {kind: [] for kind in KINDS}, []
+    with tempfile.TemporaryDirectory() as root:
+        for kinds in [KINDS] if quick else [(kind,) for kind in KINDS]:
+            cache_dirs.append(tempfile.mkdtemp(dir=root))
+            for report in two_processes(quick, cache_dirs[-1], kinds):
+                for kind in kinds:
+                    runs[kind].append(report[kind])
+        env = dict(os.environ, XLAKIT_CACHE_DIR=cache_dirs[0])
         started = time.perf_counter()
         subprocess.run([sys.executable, "-c", "import xlakit"], env=env, check=True)
         import_s = time.perf_counter() - started
     print("\n### Cold start: Llama's first two steps (moving the model included) in a fresh process, then in a "
           "second process with the same cache dir\n\n| process | execution | trigger | nodes | executable from | "
           "Python recording s | lowering s | XLA compile s | execution s |\n|---|---|---|---|---|---|---|---|---|")
-    for label, run in zip(("first (empty cache)", "second (same cache dir)"), runs):
+    for label, run in zip(("first (empty cache)", "second (same cache dir)"), runs["lazy"]):
         for i, s in enumerate(run["executions"]):
             print(f"| {label} | {i + 1} | {s['trigger']} | {s['nodes']} | {s['cache']} | {s['trace']:.2f} | "
                   f"{s['lower']:.2f} | {s['compile']:.2f} | {s['execute']:.2f} |")
-    for label, run in zip(("first", "second"), runs):
+    for label, run in zip(("first", "second"), runs["lazy"]):
         print(f"\n{label} process: step 1 {run['walls'][0]:.2f} s, step 2 {run['walls'][1]:.2f} s wall")
     print(f"\n`python -c 'import xlakit'` (a whole process, torch and jax included): {import_s:.2f} s")
     print(f"\n### Cold start of {COMPILED}: Llama's first two calls, then a second process with the same cache "
           "dir\n\n| process | call 1 s | call 2 s | executions | compiled | loaded from disk | lowering s "
           "| XLA compile s |\n|---|---|---|---|---|---|---|---|")
-    for label, run in zip(("first (empty cache)", "second (same cache dir)"), compiled_runs):
+    for label, run in zip(("first (empty cache)", "second (same cache dir)"), runs["compiled"]):
         done = run["executions"]
         print(f"| {label} | {run['walls'][0]:.2f} | {run['walls'][1]:.2f} | {len(done)} | "
               f"{sum(s['cache'] == 'miss' for s in done)} | {sum(s['cache'] == 'persistent_hit' for s in done)} | "
@@ -285,17 +311,19 @@ def main():
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where the torch peers run (JAX's peers and xlakit use JAX's default device)")
     parser.add_argument("--model", choices=GPU_MODELS, help="this model only (default: every model of the device)")
-    parser.add_argument("--cold-start-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cold-start-child", nargs="+", choices=KINDS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cold_start_child:
-        return cold_start_child(args.quick, args.compiled)
+        return cold_start_child(args.quick, args.cold_start_child)
     import platform
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores; torch {torch.__version__}, jax {jax.__version__}, "
           f"transformers {transformers.__version__}; float32 matmul precision: highest")
-    for name in [args.model] if args.model else GPU_MODELS if args.device == "cuda" and not args.quick else MODELS:
+    cuda = args.device == "cuda"
+    for name in [args.model] if args.model else ["Llama"] if args.quick else GPU_MODELS if cuda else MODELS:
         measure(name, args.quick, args.device)
     if not args.model:
+        if args.quick:  # GPT-2's measure() is Llama's code again; its own parts are the builder and the JAX model
+            floor_step("GPT-2", quick=True)
         cold_start(args.quick)
 
 

@@ -204,16 +204,16 @@ def recompiles():
           "learning rate each step, alternating between two source lines (xlakit)")
 
 
-def memory():
+def memory(width=1024, layers=4):
     import xlakit
 
     rows = []
     for donate in (True, False):
         xlakit.config.donate = donate
         torch.manual_seed(0)
-        model = mlp(1024, 4).to(xlakit.device())
+        model = mlp(width, layers).to(xlakit.device())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x, y = torch.randn(64, 1024).to(xlakit.device()), torch.randn(64, 1024).to(xlakit.device())
+        x, y = torch.randn(64, width).to(xlakit.device()), torch.randn(64, width).to(xlakit.device())
         with xlakit.capture() as steps:
             for _ in range(3):
                 opt.zero_grad()
@@ -227,7 +227,7 @@ def memory():
         rows.append((donate, mem.argument_size_in_bytes, mem.alias_size_in_bytes, peak))
     xlakit.config.donate = True
     state = sum(p.numel() * 4 * 3 for p in model.parameters())  # parameters + AdamW's two moments
-    print(f"\n### Memory of the AdamW step executable (MLP 4 x 1024; parameters + optimizer state "
+    print(f"\n### Memory of the AdamW step executable (MLP {layers} x {width}; parameters + optimizer state "
           f"{state / 2**20:.0f} MiB)\n\n| donation | inputs MiB | aliased MiB | peak MiB | peak / state |\n"
           "|---|---|---|---|---|")
     for donate, args, alias, peak in rows:
@@ -305,6 +305,12 @@ def main():
     if args.quick:
         measure("MLP 2 x 64, batch 8, AdamW", mlp(64, 2), torch.randn(8, 64), torch.randn(8, 64), 3, True,
                 args.device)
+        # of the encoder's workload, what is not measure()'s code again: its JAX model, checked against torch
+        step, wait = jax_peer(encoder(16, 1), torch.randn(2, 8, 16), torch.randn(2, 8, 16))
+        step()
+        wait()
+        recompiles()
+        memory(64, 2)
         checks_cost(quick=True)
         return
     measure("MLP 4 x 1024, batch 64, AdamW", mlp(), torch.randn(64, 1024), torch.randn(64, 1024),
