@@ -31,7 +31,8 @@ from test_real_models import (_FALLBACK, EPS, LR, STEPS, TOL, Steps, assert_amp_
 import xlakit  # noqa: E402
 
 VOCAB = 64
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+# one layer: a second routes the same way again, and doubles every graph XLA compiles
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, num_experts_per_tok=2,
               output_router_logits=True)  # the router's load-balancing loss is in the loss
 
@@ -94,7 +95,9 @@ def test_eager_experts_loop_falls_back_and_recompiles_with_the_routing(dev, fall
     # transformers' "eager" experts: `torch.where(expert_mask[e])` per routed expert has as
     # many rows as tokens chose e, so nonzero runs on the CPU, and the graphs after it have
     # the routing's shapes: a new routing compiles anew. Values are still eager's.
-    model, lazy, batch = _pair("mixtral", "eager")
+    # two layers: the second's router reads what the first's experts made of the routing, so
+    # graphs between its fallbacks have the new routing's shapes (with one, only the marker's)
+    model, lazy, batch = _pair("mixtral", "eager", num_hidden_layers=2)
     model.train(), lazy.train()
     step, lazy_losses, eager_losses = train_both(model, lazy, batch, dev, steps=2)
     for got, want in zip(lazy_losses, eager_losses):
