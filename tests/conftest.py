@@ -9,12 +9,6 @@ from pathlib import Path
 # A private persistent cache per test session, so tests never see another run's executables.
 os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-cache-"))
 
-# The suite's compiles skip LLVM's optimization of XLA:CPU's kernels: the optimized HLO that xlakit
-# reads (fusions, layouts, buffer assignment, donation) is byte-for-byte the same, and a small
-# Llama's training step compiles in 0.9 s instead of 2.5 s. Set before JAX or torch_xla start (each
-# reads XLA_FLAGS once); new processes and notebook kernels inherit it; a flag of the caller's wins.
-os.environ["XLA_FLAGS"] = f"--xla_backend_optimization_level=0 {os.environ.get('XLA_FLAGS', '')}".strip()
-
 # torch_xla, where installed, must create its device before the first backward()
 # of the process (autograd sizes its device queues once).
 os.environ.setdefault("PJRT_DEVICE", "CPU")
