@@ -125,6 +125,20 @@ def page():
         assert not [e for e in errors if "xlakit" in e or "graph" in e], errors
 
 
+def kernel_idle(server, name: str) -> None:
+    """Waits until the server says notebook `name`'s kernel has started and is idle: clicked before
+    that, the Run menu did nothing, and each try waited out its timeout (in full runs, 30 s lost)."""
+    _, url, token = server
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        with urllib.request.urlopen(f"{url}/api/sessions?token={token}", timeout=10) as answer:
+            sessions = json.load(answer)
+        if any(s["path"].endswith(name) and s["kernel"]["execution_state"] == "idle" for s in sessions):
+            return
+        time.sleep(0.2)
+    pytest.fail(f"the kernel of {name} was not idle after 120 s: {sessions}")
+
+
 def run_all(page, server, name: str) -> None:
     """Open notebook `name` and run all its cells from the Run menu."""
     frontend, url, token = server
@@ -138,16 +152,17 @@ def run_all(page, server, name: str) -> None:
     except PlaywrightTimeout:
         page.locator(".jp-Dialog .jp-mod-accept").first.click()
     page.wait_for_function("document.querySelector('.jp-Notebook .jp-Cell') !== null")
-    for attempt in range(3):  # the menu item is inert until the notebook has focus and a kernel
+    kernel_idle(server, name)
+    for attempt in range(10):  # the menu item is inert until the notebook has focus and a kernel
         page.locator(".jp-Notebook .jp-Cell").first.click()
         page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
         page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
         try:  # a cell that runs or waits shows [*]
             page.wait_for_function("[...document.querySelectorAll('.jp-InputPrompt')]"
-                                   ".some(p => p.textContent.includes('*'))", timeout=30_000)
+                                   ".some(p => p.textContent.includes('*'))", timeout=5_000)
             break
         except PlaywrightTimeout:
-            if attempt == 2:
+            if attempt == 9:
                 raise
     page.wait_for_function("[...document.querySelectorAll('.jp-InputPrompt')]"
                            ".every(p => !p.textContent.includes('*'))", timeout=300_000)
