@@ -19,20 +19,22 @@ os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-c
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
 os.environ["XLA_FLAGS"] = f"--xla_backend_optimization_level=0 {USER_XLA_FLAGS or ''}".strip()
 
-# torch_xla, where installed, must create its device before the first backward()
-# of the process (autograd sizes its device queues once).
 os.environ.setdefault("PJRT_DEVICE", "CPU")
-try:
-    import torch_xla
-
-    torch_xla.device()
-except ImportError:
-    torch_xla = None
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-import xlakit  # noqa: E402
+
+def pytest_configure(config):
+    """torch_xla, where installed, creates its device before the first backward() of the process
+    (autograd sizes its device queues once). Not in pytest-xdist's controller, which runs no test:
+    its workers start without waiting for it to import torch, torch_xla and jax (~5 s)."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return
+    try:
+        import torch_xla
+    except ImportError:
+        return
+    torch_xla.device()
 
 
 # The Makefile's TESTS run tests/ and the notebooks on two pytest-xdist workers, dealt out in
@@ -127,13 +129,17 @@ def new_python():
 
 @pytest.fixture
 def dev():
+    import xlakit
+
     xlakit.mark_step()
     xlakit.reset_metrics()
     return xlakit.device()
 
 
-def assert_same(lazy: torch.Tensor, eager: torch.Tensor, **tol):
+def assert_same(lazy, eager, **tol):
     """Values, dtype and shape of a lazy tensor equal eager torch's."""
+    import torch
+
     host = lazy.cpu()
     assert host.dtype == eager.dtype, (host.dtype, eager.dtype)
     assert host.shape == eager.shape, (host.shape, eager.shape)
