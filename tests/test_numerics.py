@@ -274,6 +274,27 @@ def test_xla_step_nans_and_ranges_flags(shell):
     assert result.error_in_exec is None and "numerics:" not in texts[-1]
 
 
+@pytest.mark.parametrize("setting", ["check_nans", "record_ranges"])
+def test_a_setting_the_cells_code_makes_outlives_the_cell(shell, setting):
+    # only what the magic's own flags turned on is undone after the cell: a cell with no flags
+    # that set check_nans (or record_ranges) found it False afterwards
+    from test_notebook import run
+    flag = {"check_nans": "--nans", "record_ranges": "--ranges"}[setting]
+    cell = "\nv = torch.ones(2).to(dev) * 2"
+    try:
+        setattr(xlakit.config, setting, False)
+        assert run(shell, f"%%xla_step --name settings\nxlakit.config.{setting} = True{cell}")[2].error_in_exec is None
+        assert getattr(xlakit.config, setting) is True
+        setattr(xlakit.config, setting, False)
+        run(shell, f"%%xla_step --name settings {flag}{cell}")
+        assert getattr(xlakit.config, setting) is False  # the flag's own setting: this cell only
+        if setting == "check_nans":  # a value the flag does not set, set by the cell under the flag, stays
+            run(shell, f"%%xla_step --name settings --nans\nxlakit.config.check_nans = 'warn'{cell}")
+            assert xlakit.config.check_nans == "warn"
+    finally:
+        setattr(xlakit.config, setting, False)
+
+
 def test_compiled_functions_find_the_first_nan_too(dev, nans):
     compiled = torch.compile(lambda x: (x.exp() - 2).log().sum(), backend="xlakit")
     torch.testing.assert_close(compiled(torch.ones(3)), (torch.ones(3).exp() - 2).log().sum())

@@ -26,13 +26,19 @@ HISTORY: collections.deque[tuple[str, StepRecord]] = PROCESS.keep(
 
 @contextlib.contextmanager
 def _numerics(nans: bool, ranges: bool):
-    """config.check_nans and config.record_ranges on for one cell (a setting already on stays)."""
-    before = config.check_nans, config.record_ranges
-    config.check_nans, config.record_ranges = before[0] or nans, before[1] or ranges
+    """config.check_nans and config.record_ranges on for one cell where its flags ask (a setting
+    already on stays). Only what the flags turned on is turned off again: a setting the cell's own
+    code makes outlives the cell, as it would without the magic."""
+    asked = [name for name, flag in (("check_nans", nans), ("record_ranges", ranges)) if flag]
+    turned_on = [name for name in asked if not getattr(config, name)]
+    for name in turned_on:
+        setattr(config, name, True)
     try:
         yield
     finally:
-        config.check_nans, config.record_ranges = before
+        for name in turned_on:
+            if getattr(config, name) is True:  # else the cell set it: its value stays
+                setattr(config, name, False)
 
 
 @magics_class
