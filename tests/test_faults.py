@@ -88,9 +88,55 @@ def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(new_python, tmp_path
     second = _run(new_python, str(cache))
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == first.stdout.split()  # recompiled, same value
-    assert "Error reading persistent compilation cache entry" in second.stderr  # JAX's warning
+    assert "cannot be used" in second.stderr  # xlakit's warning: no entry matches its seal
     third = _run(new_python, str(cache))  # the corrupt entries were replaced by whole ones
     assert third.returncode == 0 and third.stdout.split() == ["persistent_hit", _eager_value()], third.stderr
+
+
+OTHER_PROGRAM = PROGRAM.replace("(x * 7).cos()", "(x * 5).sin()")  # the same inputs and outputs
+
+
+def _kind(path: Path) -> str:
+    """Which of a program's entries a file is: xlakit's, JAX's, or the seal of JAX's."""
+    return path.parent.name if path.suffix == ".pickle" else path.name.rsplit("-", 1)[-1]
+
+
+def _swapped(tmp_path, new_python, *, drop_xlakit_entries: bool) -> Path:
+    """A cache directory of PROGRAM's whose entries hold OTHER_PROGRAM's bytes, under PROGRAM's names."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for cache, program in ((mine, PROGRAM), (other, OTHER_PROGRAM)):
+        assert new_python("-c", program, env={**os.environ, "XLAKIT_CACHE_DIR": str(cache)}).returncode == 0
+    theirs = {_kind(p): p for p in other.rglob("*") if p.is_file()}
+    for path in [p for p in mine.rglob("*") if p.is_file()]:
+        if drop_xlakit_entries and path.suffix == ".pickle":
+            path.unlink()
+        else:
+            path.write_bytes(theirs[_kind(path)].read_bytes())
+    return mine
+
+
+@pytest.mark.parametrize("entries", ["xlakit's and JAX's", "JAX's only"])
+def test_a_cache_entry_is_trusted_by_what_it_holds_not_by_its_name(new_python, tmp_path, entries):
+    # two programs' entries swapped (a copied cache directory, a bad sync): each program
+    # loaded the other's executable as a persistent hit and gave the other's values
+    cache = _swapped(tmp_path, new_python, drop_xlakit_entries=entries == "JAX's only")
+    done = _run(new_python, str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["miss", _eager_value()], done.stderr
+    assert "cannot be used" in done.stderr
+    again = _run(new_python, str(cache))  # the bad entries were replaced by this program's own
+    assert again.stdout.split() == ["persistent_hit", _eager_value()] and "cannot be used" not in again.stderr
+
+
+def test_a_directory_where_an_entry_should_be_is_a_recompile_not_a_crash(new_python, tmp_path):
+    cache = tmp_path / "cache"
+    assert _run(new_python, str(cache)).stdout.split()[0] == "miss"
+    for entry in [p for p in cache.rglob("*") if p.is_file()]:
+        entry.unlink()
+        entry.mkdir()
+    done = _run(new_python, str(cache))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["miss", _eager_value()]
 
 
 def test_full_disk_warns_and_recompiles_and_leaves_no_half_written_entries(new_python, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import inspect
 import os
 import pickle
@@ -76,14 +77,18 @@ _EXECUTABLES: Path | None = None   # where xlakit's executables are kept; None: 
 
 
 def load(key: str) -> Entry | None:
-    """The entry stored for `key` by an earlier process, or None. A file that
-    cannot be read back (cut short, written by another jaxlib) is deleted."""
+    """The entry stored for `key` by an earlier process, or None. An entry is trusted by what
+    it holds, not by its name: one that holds another key (a copied or badly synced cache
+    directory), or cannot be read back (cut short, written by another jaxlib, a directory),
+    is a warning and a miss, and is deleted where it can be."""
     if _EXECUTABLES is None:
         return None
     path = _EXECUTABLES / f"{key}.pickle"
     try:
         with open(path, "rb") as f:
             stored = pickle.load(f)
+        if getattr(stored.get("key"), "key", None) != key:
+            raise ValueError(f"it holds the executable of another key ({getattr(stored.get('key'), 'key', None)})")
         from jax._src.lib import lapack
         from jax.experimental.serialize_executable import deserialize_and_load
 
@@ -101,9 +106,18 @@ def load(key: str) -> Entry | None:
         return Entry(compiled=compiled, **stored)
     except FileNotFoundError:
         return None
-    except Exception:  # noqa: BLE001 - a broken entry is a miss, and is written anew
-        path.unlink(missing_ok=True)
+    except Exception as e:  # noqa: BLE001 - a broken entry is a miss, and is written anew
+        _unusable(path, e)
         return None
+
+
+def _unusable(path: Path, error: Exception) -> None:
+    warnings.warn(f"xlakit: the cache entry {path} cannot be used ({type(error).__name__}: {error}); "
+                  "compiling this step again.", stacklevel=4)
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:  # a directory, or not this user's to delete: the next store warns in turn
+        pass
 
 
 def store(entry: Entry) -> None:
@@ -181,12 +195,15 @@ def enable_persistent_cache(path: str | None) -> str | None:
 
 
 def _forget_broken_entries() -> None:
-    """JAX writes a cache entry in place and never replaces one that exists: a
-    write cut short (a full disk) leaves a truncated entry that every later
-    process reads, warns about and recompiles. Delete an entry that fails to be
-    written or read, so the next compile writes it whole. JAX still warns and
-    compiles; this only heals the directory. Wraps JAX internals, defensively:
-    if they change, nothing is wrapped."""
+    """Wraps JAX's cache reads and writes (JAX internals, defensively: if they change, nothing
+    is wrapped), for two things JAX does not do:
+    - JAX writes an entry in place and never replaces one that exists: a write cut short (a
+      full disk) left a truncated entry that every later process read, warned about and
+      recompiled. An entry that fails to be written or read is deleted, so the next compile
+      writes it whole (JAX still warns and compiles).
+    - JAX trusts an entry by its file name: with two entries swapped, each program ran the
+      other's executable. Each entry xlakit writes gets a seal beside it (its key and its
+      bytes' SHA-256); an entry whose seal does not match is a warning and a miss."""
     try:
         from jax._src import compilation_cache as cc
         read, write = cc.get_executable_and_time, cc.put_executable_and_time
@@ -196,26 +213,76 @@ def _forget_broken_entries() -> None:
     if getattr(read, "_xlakit", False):
         return
 
-    def forget(signature, args, kwargs):
-        try:
-            bound = signature.bind(*args, **kwargs).arguments
-            entry = Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache"
-            entry.unlink(missing_ok=True)
-        except Exception:  # noqa: BLE001 - healing is best effort; JAX reports the error itself
-            pass
+    def entry_of(signature, args, kwargs) -> tuple[Path, str]:
+        bound = signature.bind(*args, **kwargs).arguments
+        return Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache", bound["cache_key"]
 
-    def healing(original, signature):
-        def call(*args, **kwargs):
+    def forget(entry: Path) -> None:
+        for path in (entry, _seal_of(entry)):
             try:
-                return original(*args, **kwargs)
-            except Exception:
-                forget(signature, args, kwargs)
-                raise
-        call._xlakit = True
-        return call
+                path.unlink(missing_ok=True)
+            except OSError:  # healing is best effort; JAX reports the error itself
+                pass
 
-    cc.get_executable_and_time = healing(read, read_sig)
-    cc.put_executable_and_time = healing(write, write_sig)
+    def checked_read(*args, **kwargs):
+        try:
+            entry, key = entry_of(read_sig, args, kwargs)
+        except Exception:  # noqa: BLE001 - not JAX's layout: read as JAX does
+            return read(*args, **kwargs)
+        if entry.exists() and not _sealed(entry, key):
+            _unusable(entry, ValueError("its seal does not match its key and bytes"))
+            forget(entry)
+            return None, None
+        try:
+            return read(*args, **kwargs)
+        except Exception:
+            forget(entry)
+            raise
+
+    def sealing_write(*args, **kwargs):
+        try:
+            entry, key = entry_of(write_sig, args, kwargs)
+        except Exception:  # noqa: BLE001 - not JAX's layout: write as JAX does
+            return write(*args, **kwargs)
+        try:
+            done = write(*args, **kwargs)
+        except Exception:
+            forget(entry)
+            raise
+        _seal(entry, key)
+        return done
+
+    checked_read._xlakit = sealing_write._xlakit = True
+    cc.get_executable_and_time, cc.put_executable_and_time = checked_read, sealing_write
+
+
+def _seal_of(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".xlakit-seal")
+
+
+def _seal_text(entry: Path, key: str) -> str:
+    return f"{key}\n{hashlib.sha256(entry.read_bytes()).hexdigest()}\n"
+
+
+def _seal(entry: Path, key: str) -> None:
+    """Writes the seal of a whole entry (none if JAX wrote nothing: a full disk)."""
+    part = None
+    try:
+        text = _seal_text(entry, key)
+        with tempfile.NamedTemporaryFile("w", dir=entry.parent, suffix=".part", delete=False) as f:
+            part = Path(f.name)
+            f.write(text)
+        os.replace(part, _seal_of(entry))
+    except OSError:  # unsealed, the entry is compiled again next time
+        if part is not None:
+            part.unlink(missing_ok=True)
+
+
+def _sealed(entry: Path, key: str) -> bool:
+    try:
+        return _seal_of(entry).read_text() == _seal_text(entry, key)
+    except OSError:
+        return False
 
 
 class PersistentHits:
