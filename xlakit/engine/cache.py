@@ -203,7 +203,8 @@ def _forget_broken_entries() -> None:
       writes it whole (JAX still warns and compiles).
     - JAX trusts an entry by its file name: with two entries swapped, each program ran the
       other's executable. Each entry xlakit writes gets a seal beside it (its key and its
-      bytes' SHA-256); an entry whose seal does not match is a warning and a miss."""
+      bytes' SHA-256); an entry whose seal does not match is a warning and a miss, one with
+      no seal (an older xlakit's) a miss."""
     try:
         from jax._src import compilation_cache as cc
         read, write = cc.get_executable_and_time, cc.put_executable_and_time
@@ -230,7 +231,8 @@ def _forget_broken_entries() -> None:
         except Exception:  # noqa: BLE001 - not JAX's layout: read as JAX does
             return read(*args, **kwargs)
         if entry.exists() and not _sealed(entry, key):
-            _unusable(entry, ValueError("its seal does not match its key and bytes"))
+            if _seal_of(entry).exists():  # unsealed: written before seals were, a quiet miss
+                _unusable(entry, ValueError("its seal does not match its key and bytes"))
             forget(entry)
             return None, None
         try:
