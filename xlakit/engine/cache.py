@@ -114,10 +114,15 @@ def load(key: str) -> Entry | None:
 def _unusable(path: Path, error: Exception) -> None:
     warnings.warn(f"xlakit: the cache entry {path} cannot be used ({type(error).__name__}: {error}); "
                   "compiling this step again.", stacklevel=4)
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:  # a directory, or not this user's to delete: the next store warns in turn
-        pass
+    _remove(path)
+
+
+def _remove(*paths: Path) -> None:
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:  # a directory, or not this user's to delete: the next write warns in turn
+            pass
 
 
 def store(entry: Entry) -> None:
@@ -214,44 +219,41 @@ def _forget_broken_entries() -> None:
     if getattr(read, "_xlakit", False):
         return
 
-    def entry_of(signature, args, kwargs) -> tuple[Path, str]:
-        bound = signature.bind(*args, **kwargs).arguments
-        return Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache", bound["cache_key"]
+    def entry_of(signature, args, kwargs) -> tuple[Path, str] | None:
+        try:
+            bound = signature.bind(*args, **kwargs).arguments
+            return Path(cc._get_cache(bound["backend"]).path) / f"{bound['cache_key']}-cache", bound["cache_key"]
+        except Exception:  # noqa: BLE001 - not JAX's layout: left as JAX does it
+            return None
 
-    def forget(entry: Path) -> None:
-        for path in (entry, _seal_of(entry)):
-            try:
-                path.unlink(missing_ok=True)
-            except OSError:  # healing is best effort; JAX reports the error itself
-                pass
+    def forget(entry: Path) -> None:  # best effort; JAX reports its own errors
+        _remove(entry, _seal_of(entry))
+
+    def healed(call, entry: Path, args, kwargs):
+        try:
+            return call(*args, **kwargs)
+        except Exception:
+            forget(entry)
+            raise
 
     def checked_read(*args, **kwargs):
-        try:
-            entry, key = entry_of(read_sig, args, kwargs)
-        except Exception:  # noqa: BLE001 - not JAX's layout: read as JAX does
+        found = entry_of(read_sig, args, kwargs)
+        if found is None:
             return read(*args, **kwargs)
+        entry, key = found
         if entry.exists() and not _sealed(entry, key):
-            if _seal_of(entry).exists():  # unsealed: written before seals were, a quiet miss
+            if _seal_of(entry).exists():  # with no seal (an older xlakit's entry): a quiet miss
                 _unusable(entry, ValueError("its seal does not match its key and bytes"))
             forget(entry)
             return None, None
-        try:
-            return read(*args, **kwargs)
-        except Exception:
-            forget(entry)
-            raise
+        return healed(read, entry, args, kwargs)
 
     def sealing_write(*args, **kwargs):
-        try:
-            entry, key = entry_of(write_sig, args, kwargs)
-        except Exception:  # noqa: BLE001 - not JAX's layout: write as JAX does
+        found = entry_of(write_sig, args, kwargs)
+        if found is None:
             return write(*args, **kwargs)
-        try:
-            done = write(*args, **kwargs)
-        except Exception:
-            forget(entry)
-            raise
-        _seal(entry, key)
+        done = healed(write, found[0], args, kwargs)
+        _seal(*found)
         return done
 
     checked_read._xlakit = sealing_write._xlakit = True
