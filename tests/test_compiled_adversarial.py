@@ -897,3 +897,30 @@ def test_results_copied_to_the_host_inside_a_compiled_function_are_on_the_host(d
             assert [g.device.type for g in got] == ["cpu", "cpu", "lazy", "cpu"], got
             _same(got, want)
     _check_log(log)
+
+
+def _update_in_place(x):
+    x.mul_(2).add_(1)
+    return x.sum()
+
+
+@pytest.mark.parametrize("snapshot", [lambda x: x.clone(), lambda x: x.detach().clone(),
+                                      lambda x: torch.empty_like(x).copy_(x)],
+                         ids=["clone", "detach_clone", "empty_like_copy"])
+def test_a_snapshot_of_a_compiled_functions_input_keeps_its_value(dev, snapshot):
+    # the EMA / weights-before-the-step pattern: a copy kept before each call that updates its
+    # input in place. A clone shares its source's value, and from the second call on the
+    # compiled call donated the buffer the copy still held: reading it crashed
+    compiled = torch.compile(_update_in_place, backend="xlakit")
+    x, eager = torch.arange(4.0).to(dev), torch.arange(4.0)
+    kept, eager_kept = [], []
+    for _ in range(4):
+        kept.append(snapshot(x))
+        eager_kept.append(snapshot(eager))
+        assert_same(compiled(x), _update_in_place(eager))
+    for got, want in zip(kept, eager_kept):
+        assert_same(got, want)
+    assert_same(x, eager)
+    with xlakit.capture() as records:
+        compiled(x)  # no copy holds this call's input: it donates
+    assert [len(r.donated) for r in records] == [1], records

@@ -56,11 +56,12 @@ def fill_constants(values: list) -> None:
 
 def unshared(engine: Engine, buffers: list[DeviceData]) -> bool:
     """Whether each buffer is held by one live tensor only (the input that is updated)
-    and read by no pending computation."""
+    and read by no pending computation. Tensors are counted, not values: a snapshot
+    `x.clone()` shares x's value, and its buffer was donated while it still held it."""
     wanted = {id(b) for b in buffers}
     holders = dict.fromkeys(wanted, 0)
     pending = []
-    for value in engine.live_values():
+    for value in engine.held_values():
         value.resolve()
         if value.data is not None and id(value.data) in wanted:
             holders[id(value.data)] += 1

@@ -158,7 +158,12 @@ class Engine:
         """Values of tensors still alive (_forget drops those of the dead). Other threads register
         tensors as they record ops, outside the lock: the dict is read from a snapshot (list() of
         a dict holds the GIL throughout)."""
-        return list({id(v): v for v in list(self.tensors.values())}.values())
+        return list({id(v): v for v in self.held_values()}.values())
+
+    def held_values(self) -> list[LiveValue]:
+        """The value of each live tensor, once per tensor: a clone shares its source's value
+        (values are immutable), and each of the two holds the value's buffer."""
+        return list(self.tensors.values())
 
     # -- syncs --------------------------------------------------------------
     def sync(self, tensors=None, *, trigger: Trigger, source: str | None = None):
