@@ -202,3 +202,22 @@ def test_a_host_tensor_moved_to_the_device_and_back_is_laid_out_as_eager_copies_
     torch.manual_seed(0)
     lazy = torch.nn.functional.dropout(moved, 0.5)
     torch.testing.assert_close(lazy.cpu(), eager)
+
+
+@pytest.mark.parametrize("convert", [
+    lambda t, f: t.to(memory_format=f), lambda t, f: t.to(torch.float64, memory_format=f),
+    lambda t, f: t.contiguous(memory_format=f), lambda t, f: t.to(memory_format=f).to(memory_format=torch.contiguous_format)],
+    ids=["to", "to_dtype", "contiguous", "and_back"])
+@pytest.mark.parametrize("shape, layout", [((2, 3, 4, 5), torch.channels_last), ((2, 3, 2, 4, 5), torch.channels_last_3d)])
+def test_a_memory_format_conversion_has_eagers_strides(dev, convert, shape, layout):
+    # x.to(memory_format=torch.channels_last) kept contiguous strides on the device: its
+    # is_contiguous(memory_format=...) answered wrong, and a view eager allows raised
+    eager = torch.randn(shape)
+    got, want = convert(eager.to(dev), layout), convert(eager, layout)
+    assert (got.stride(), got.dtype) == (want.stride(), want.dtype)
+    for memory_format in (layout, torch.contiguous_format):
+        assert got.is_contiguous(memory_format=memory_format) == want.is_contiguous(memory_format=memory_format)
+    if want.is_contiguous(memory_format=layout):  # channels last in memory: eager views it flat
+        order = (0, *range(2, eager.dim()), 1)
+        assert torch.equal(got.permute(order).view(-1).cpu(), want.permute(order).view(-1))
+    assert got.cpu().stride() == want.stride()

@@ -572,7 +572,12 @@ def _to_copy(x, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     if device is not None and torch.device(device).type != "lazy":
         host = to_host(x, trigger=Trigger.CPU)
         return host.to(device=device, dtype=dtype or host.dtype)
-    return _record(aten._to_copy.default, (x,), {"dtype": dtype} if dtype is not None else {})
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    copied = _record(aten._to_copy.default, (x,), kwargs)
+    if memory_format is None or not isinstance(copied, LazyTensor):
+        return copied
+    # one node computes the value, whatever its layout; the copy's strides are the asked format's, as eager's
+    return LazyTensor(copied._state, _layout(aten._to_copy.default, (x,), {**kwargs, "memory_format": memory_format}))
 
 
 @handles("aten::copy.default", reason="the source, cast and expanded: an alias")
