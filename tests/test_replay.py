@@ -6,7 +6,9 @@ saying where replay stopped.
 import os
 
 import hypothesis
+import pytest
 import torch
+from conftest import assert_same
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -271,3 +273,33 @@ def test_a_compiled_graph_recorded_again_replays_only_on_inputs_from_the_same_pl
     # steps 2 and 3 are recorded to be matched (the tape's back-off); 4 and 5 differ from the step before
     assert all("compiled graph recorded again on inputs from other places" in r.why for r in replays[4:6]), replays
     assert all(r.recorded == 0 for r in replays[6:]), replays
+
+
+SCALAR_OPS = {
+    "fill_": lambda t, v: t.clone().fill_(v),
+    "masked_fill": lambda t, v: t.masked_fill(t > 0, v),
+    "add_alpha": lambda t, v: t.add(t, alpha=v),
+    "clamp_min": lambda t, v: t.clamp(min=v),
+}
+
+
+@pytest.mark.parametrize("dtype, too_big", [(torch.float16, 1e10), (torch.float32, 1e39)], ids=["float16", "float32"])
+@pytest.mark.parametrize("name", SCALAR_OPS)
+def test_a_replayed_op_checks_its_python_scalars_as_a_fresh_record_does(dev, name, dtype, too_big):
+    # from the third run of a loop on, the op is replayed and its scalar is an input: a value
+    # that no longer fits the dtype gave inf or ignored the clamp, where eager (and a fresh
+    # recording) raise. After the error the loop goes on, replaying again.
+    op = SCALAR_OPS[name]
+    for value in (1.0, 2.0, 3.0, too_big, 4.0, 5.0):
+        eager = torch.arange(4.0, dtype=dtype) - 1
+        try:
+            want = op(eager, value)
+        except RuntimeError as error:
+            with pytest.raises(RuntimeError, match="without overflow"):
+                op(eager.to(dev), value)
+            assert "without overflow" in str(error)
+            continue
+        got = op(eager.to(dev), value)
+        xlakit.mark_step()
+        assert_same(got, want)
+    assert last().replay.replayed > 0  # the last run replayed its recording

@@ -414,6 +414,8 @@ def _record(func, args, kwargs):
     tape = current().tape
     expected = tape.expected(func) if id(func) not in verdicts.FAILED else None
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
+        if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
+            _check_scalars(func, info, args, kwargs, expected.avals[0])
         operands = tape.match(expected, args, kwargs)
         if operands is not None:
             node = Node(func, operands, expected.template, expected.avals, sources.capture(), expected.signature)
