@@ -32,11 +32,17 @@ class Aval:
         return n
 
 
+# torch's float8 types that XLA casts to as eager does (one byte each; JAX and ml_dtypes name them
+# alike). Not float8_e8m0fnu: XLA:CPU rounds casts to it otherwise than eager (0.5, 3.0, 100.0).
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
+
 _SHORT_DTYPES = {
     torch.float32: "f32", torch.float64: "f64", torch.float16: "f16",
     torch.bfloat16: "bf16", torch.int64: "s64", torch.int32: "s32",
     torch.int16: "s16", torch.int8: "s8", torch.uint8: "u8", torch.bool: "pred",
     torch.complex64: "c64", torch.complex128: "c128",
+    torch.uint16: "u16", torch.uint32: "u32", torch.uint64: "u64",
+    **{dtype: "f8" + str(dtype).removeprefix("torch.float8_") for dtype in FLOAT8},  # XLA's f8e4m3fn, ...
 }
 
 

@@ -6,11 +6,14 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .ir import Aval, DeviceData
+from .ir import FLOAT8, Aval, DeviceData
 from .state import PROCESS
 
-# numpy has no bfloat16: move its bits as uint16 and reinterpret.
-_BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16)}
+# numpy has no bfloat16 or float8 (torch gives no numpy array of them): move their bits as
+# unsigned ints and reinterpret them as ml_dtypes' types, which JAX's are.
+_BITS = {torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16),
+         **{dtype: (torch.uint8, getattr(ml_dtypes, str(dtype).removeprefix("torch."))) for dtype in FLOAT8
+            if hasattr(ml_dtypes, str(dtype).removeprefix("torch."))}}
 
 
 def to_device(t: torch.Tensor) -> jax.Array:
@@ -58,7 +61,7 @@ def to_host(array: jax.Array, dtype: torch.dtype) -> torch.Tensor:
     host = np.array(array)  # a copy: torch must own writable memory
     if dtype in _BITS:
         bits, _ = _BITS[dtype]
-        return torch.from_numpy(host.view(np.uint16)).view(bits).view(dtype)
+        return torch.from_numpy(host.view(f"u{bits.itemsize}")).view(dtype)
     return torch.from_numpy(host).to(dtype)
 
 

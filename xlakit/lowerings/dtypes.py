@@ -4,12 +4,17 @@ from __future__ import annotations
 import jax.numpy as jnp
 import torch
 
+from ..core.ir import FLOAT8
+
 _TORCH_TO_JAX = {
     torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
     torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32,
     torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
     torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+    torch.uint16: jnp.uint16, torch.uint32: jnp.uint32, torch.uint64: jnp.uint64,
 }
+_TORCH_TO_JAX.update({dtype: getattr(jnp, str(dtype).removeprefix("torch.")) for dtype in FLOAT8
+                      if hasattr(jnp, str(dtype).removeprefix("torch."))})
 _JAX_TO_TORCH = {jnp.dtype(j): t for t, j in _TORCH_TO_JAX.items()}
 XLA_DTYPES = frozenset(_TORCH_TO_JAX)
 
