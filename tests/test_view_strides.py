@@ -221,3 +221,27 @@ def test_a_memory_format_conversion_has_eagers_strides(dev, convert, shape, layo
         order = (0, *range(2, eager.dim()), 1)
         assert torch.equal(got.permute(order).view(-1).cpu(), want.permute(order).view(-1))
     assert got.cpu().stride() == want.stride()
+
+
+AS_STRIDED_OF_VIEWS = {
+    "flat": lambda x: x.view(-1).as_strided((2, 2), (1, 3), 1),
+    "slice_default_offset": lambda x: x[1:].as_strided((2, 2), (1, 4)),
+    "transpose": lambda x: x.t().as_strided((3,), (5,), 0),
+    "narrow": lambda x: x.narrow(1, 1, 2).as_strided((2, 3), (4, 1), 2),
+}
+
+
+@pytest.mark.parametrize("view", AS_STRIDED_OF_VIEWS.values(), ids=AS_STRIDED_OF_VIEWS)
+def test_writes_through_an_as_strided_view_of_a_view_reach_the_base(dev, view):
+    # functionalization takes as_strided only of a base: an in-place write through
+    # x.view(-1).as_strided(...) raised its "view chain" error where eager writes the storage
+    def program(x):
+        v = view(x)
+        v.mul_(10).add_(1)
+        return x, v, (v.stride(), v.storage_offset())
+
+    eager = torch.arange(12.0).reshape(3, 4)
+    (x, v, layout), (want_x, want_v, want_layout) = program(eager.to(dev)), program(eager.clone())
+    xlakit.mark_step()
+    assert layout == want_layout
+    assert torch.equal(x.cpu(), want_x) and torch.equal(v.cpu(), want_v)

@@ -391,6 +391,20 @@ def _unfold(original):
     return kernel
 
 
+def _as_strided(original):
+    """as_strided of a lazy view as the as_strided of its base that it is: as_strided addresses
+    the storage, not the view (its offset defaults to the view's). Functionalization takes
+    as_strided only of a base: a write through x.view(-1).as_strided(...) raised its "view
+    chain" error where eager writes. A base not laid out row-major keeps torch's kernel (_unfold)."""
+    def kernel(keyset, self, size, stride, storage_offset=None):
+        dense_base = _dense_base(self) if self._base is not None and self.device.type == "lazy" else None
+        if dense_base is not None and dense_base[1] is None:
+            offset = self.storage_offset() if storage_offset is None else storage_offset
+            return aten.as_strided.default(dense_base[0], size, stride, offset)
+        return original.call_boxed(keyset, self, size, stride, storage_offset)
+    return kernel
+
+
 def _one_hot(self, num_classes=-1):
     """one_hot's composite reads the classes' min and max back to check them
     (two syncs per call) on devices it does not know; recorded as one node,
@@ -449,6 +463,9 @@ def register_kernels() -> None:
         warnings.simplefilter("ignore")
         functionalize.impl("lift_fresh", _lift_fresh_functionalize)
         functionalize.impl(aten.unfold.default, _unfold(torch.library.get_kernel(aten.unfold.default, "Functionalize")),
+                           with_keyset=True)
+        functionalize.impl(aten.as_strided.default,
+                           _as_strided(torch.library.get_kernel(aten.as_strided.default, "Functionalize")),
                            with_keyset=True)
         for inplace, functional in own:
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
