@@ -14,7 +14,9 @@ from ..core.record import StepRecord
 
 # "f32[16,4]", "bf16[]", torch_xla's "f32[16,4]{1,0}": dtype, then dimensions
 _AVAL = re.compile(r"^(\w+)\[([\d,\s]*)\]")
-_ITEMSIZE = {dtype_name(d): d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)}
+# each dtype by its short name ("f8e4m3fn", as HLO writes it) and by torch's ("float8_e4m3fn")
+_ITEMSIZE = {name: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)
+             for name in (dtype_name(d), str(d).removeprefix("torch."))}
 # the HLO module's header: `input_output_alias={ {3}: (4, {}, may-alias), ... }`
 _ALIAS_MAP = re.compile(r"input_output_alias=\{(.*?)\}\s*,\s*\w+=")
 _ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),")
