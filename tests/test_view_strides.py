@@ -245,3 +245,35 @@ def test_writes_through_an_as_strided_view_of_a_view_reach_the_base(dev, view):
     xlakit.mark_step()
     assert layout == want_layout
     assert torch.equal(x.cpu(), want_x) and torch.equal(v.cpu(), want_v)
+
+
+# in-place ops whose functional form's meta kernel lays its output out row-major where
+# eager keeps self's strides (zero, uniform) or where eager does too (masked_fill, masked_scatter)
+WRITES_LAID_OUT_ROW_MAJOR = {
+    "zero_": lambda v: v.zero_(),
+    "masked_fill_": lambda v: v.masked_fill_(torch.arange(20, device=v.device).view(4, 5) % 3 == 0, 2.0),
+    "masked_scatter_": lambda v: v.masked_scatter_(torch.ones(4, 5, dtype=torch.bool, device=v.device),
+                                                   torch.arange(20.0, device=v.device)),
+    "scatter_": lambda v: v.scatter_(0, torch.zeros(1, 5, dtype=torch.long, device=v.device), 7.0),
+    "bernoulli_": lambda v: v.bernoulli_(0.0),  # a random op, drawn where p makes it certain
+    "uniform_": lambda v: v.uniform_(3.0, 3.0),
+}
+
+
+@pytest.mark.parametrize("write", WRITES_LAID_OUT_ROW_MAJOR.values(), ids=WRITES_LAID_OUT_ROW_MAJOR)
+def test_writes_through_a_transposed_view_of_a_flat_copy_reach_it(dev, write):
+    # functionalization writes the base back through view_copy, whose meta kernel refused the
+    # transposed value that eager's kernel copies (the fuzzer's t().flatten().view(5, 4).t())
+    def program(x):
+        flat = (x * 2).t().flatten()  # exact on both sides
+        v = flat.view(5, 4).t()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the random ops run eagerly on the device
+            write(v)
+        return flat, v, v.stride()
+
+    eager = torch.linspace(-1, 1, 20).reshape(4, 5)
+    (flat, v, strides), (want_flat, want_v, want_strides) = program(eager.to(dev)), program(eager.clone())
+    xlakit.mark_step()
+    assert strides == want_strides
+    assert torch.equal(flat.cpu(), want_flat) and torch.equal(v.cpu(), want_v)

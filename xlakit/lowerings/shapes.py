@@ -93,11 +93,22 @@ lowers("aten::alias", "aten::alias_copy", "aten::clone", "aten::lift_fresh_copy"
        "aten::lift_fresh", "aten::detach", "aten::detach_copy", "aten::contiguous")(_identity)
 
 
-@lowers("aten::view.default", "aten::view_copy.default", "aten::_unsafe_view", "aten::reshape",
+@lowers("aten::view.default", "aten::_unsafe_view", "aten::reshape",
         "aten::_reshape_copy", "aten::_reshape_alias", "aten::_reshape_alias_copy")
 def view(self, size, *args, **kwargs):
     """`size` may hold one -1 (jnp infers it as torch does)."""
     return jnp.reshape(self, tuple(size))
+
+
+def _view_copy_meta(self, size):
+    """Eager's view_copy copies what view's strides cannot give; its Python reference, the meta
+    kernel, raises instead. Functionalization writes through views with it: zero_ on
+    `t.t().flatten().view(5, 4).t()` gives a value laid out row-major (zero's meta kernel, where
+    eager's keeps self's strides), whose inverse view_copy the reference refused."""
+    return self.reshape(size).contiguous()
+
+
+lowers("aten::view_copy.default", meta=_view_copy_meta)(view)
 
 
 @lowers("aten::view.dtype", "aten::view_copy.dtype")
