@@ -175,3 +175,75 @@ def test_device_out_of_memory_is_a_clear_error_and_the_session_goes_on(dev):
     fresh = torch.zeros(3, device=dev)  # no inputs, as the failed step: the closest key
     xlakit.mark_step()
     assert fresh.cpu().tolist() == [0.0] * 3
+
+
+def _train(model, opt, batches, *, device=None):
+    """AdamW steps on `batches` (inputs, whether the step also makes 256 TiB of activations:
+    more than a 64-bit process can map). A step the device could not run is skipped, as eager's
+    out-of-memory error stops its step before any update."""
+    for x, too_big in batches:
+        loss = model(x.to(device or x.device)).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if device is not None:
+            activations = torch.zeros(2**46, device=device) if too_big else None  # noqa: F841 - a live output
+            try:
+                xlakit.mark_step()
+            except StepExecutionError as error:
+                assert too_big, error
+                assert "keep their values from before it" in str(error)
+            else:
+                assert not too_big
+    state = [s[k] for s in opt.state.values() for k in ("exp_avg", "exp_avg_sq", "step")]
+    return [t.detach().cpu() for t in (*model.parameters(), *state)]
+
+
+def test_a_step_that_runs_out_of_memory_is_dropped_whole_and_a_smaller_batch_trains(dev):
+    # the notebook pattern: catch the out-of-memory error, retry with a smaller batch. The failed
+    # step's updates are dropped (parameters, AdamW's moments on the device, its step count on the
+    # CPU), though its executable was given the buffers it updates in place
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    lazy = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    lazy.load_state_dict(eager.state_dict())
+    wide = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)).double()
+    wide.load_state_dict(eager.state_dict())
+    batches = [torch.randn(8, 6), torch.randn(8, 6), torch.randn(4, 6), torch.randn(4, 6)]
+    plan = [(batches[0], False), (batches[1], True), (batches[2], False), (batches[3], False)]
+    ran = [step for step in plan if not step[1]]
+
+    def adamw(model):
+        return torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    want = _train(eager, adamw(eager), ran)
+    spread = _train(wide, adamw(wide), [(x.double(), b) for x, b in ran])
+    lazy = lazy.to(dev)
+    got = _train(lazy, adamw(lazy), plan, device=dev)
+    assert current().log.records[-1].donated, "the retried steps donate their buffers again"
+    for g, w, s in zip(got, want, spread):
+        tolerance = 10 * (w.double() - s).abs().max().item() + 1e-6  # eager's own float32 error, 10x
+        torch.testing.assert_close(g, w, rtol=0, atol=tolerance)
+
+
+def test_a_fault_in_a_later_run_names_the_tensors_whose_buffers_it_took(dev, monkeypatch):
+    # from its second run on, an executable's donated buffers have no host copy: a fault there
+    # (here one the device reports after the run started) loses them, and the error says which
+    w = xlakit.label(torch.ones(3).to(dev), "w")
+    other = torch.full((2,), 5.0).to(dev)
+    for _ in range(2):
+        w.mul_(2)
+        xlakit.mark_step()
+    assert current().log.records[-1].donated
+    w.mul_(2)
+
+    def device_fault(*args, **kwargs):
+        raise RuntimeError("INTERNAL: injected")
+
+    monkeypatch.setattr(jax, "block_until_ready", device_fault)
+    with pytest.raises(StepExecutionError, match=r"took the buffers of 1 tensor\(s\).*lost their values too: w\."):
+        xlakit.mark_step()
+    monkeypatch.undo()
+    with pytest.raises(StepFailedError, match="INTERNAL: injected"):
+        w.cpu()
+    assert other.cpu().tolist() == [5.0, 5.0]

@@ -75,6 +75,21 @@ def place(array: jax.Array, sharding) -> jax.Array:
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
 
+class HostCopy:
+    """A device array's shards copied to host memory, to put back where they were
+    (the buffers an executable's first run is given: engine.executor keeps them)."""
+
+    __slots__ = ("shape", "sharding", "shards")
+
+    def __init__(self, array: jax.Array):
+        self.shape, self.sharding = array.shape, array.sharding
+        self.shards = [(s.device, np.array(s.data)) for s in array.addressable_shards]  # copies, not views
+
+    def to_device(self) -> jax.Array:
+        return jax.make_array_from_single_device_arrays(
+            self.shape, self.sharding, [jax.device_put(host, device) for device, host in self.shards])
+
+
 _SCALARS: dict[tuple, DeviceData] = PROCESS.memo(
     "core.transfer: lifted scalars", 4096, "one device buffer per (value, dtype), shared by the nodes that lift it")
 

@@ -94,8 +94,10 @@ class Engine:
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
         self.tensors: dict[int, LiveValue] = {}
         self._refs: dict[int, weakref.KeyedRef] = {}
-        # called before each step marker (the frontend stamps tensor labels)
+        # called before each step marker (the frontend stamps tensor labels), and after one
+        # whose step the device could not run (the frontend gives host state back)
         self.before_step: list = []
+        self.step_dropped: list = []
         self.cache = cache
         self.persistent_hits = persistent_hits
         # the one log of StepRecords (bounded by config.record_limit; xlakit.capture() reads it)
@@ -194,6 +196,10 @@ class Engine:
             try:
                 with _collector_paused():
                     return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)
+            except StepExecutionError:
+                for hook in self.step_dropped if full else ():
+                    hook()
+                raise
             finally:
                 run.release()
 
@@ -223,9 +229,7 @@ class Engine:
                 failure = failure or error
                 targets = self._poison(targets, error)
             except StepExecutionError as error:
-                for t in targets:  # what this execution was to compute cannot be had
-                    t.fail(error)
-                raise
+                raise _dropped(error, targets) from error.__cause__
         if failure is not None:
             raise failure
         return executed
@@ -287,7 +291,8 @@ class Engine:
 
         t3 = time.perf_counter()
         arguments = sharding.arguments(graph, placement)
-        outputs, checked, watched = _split_checks(entry, self._run(entry, arguments, graph))
+        outputs, checked, watched = _split_checks(entry, self._run(entry, arguments, graph,
+                                                                   [graph.params[i] for i in donors]))
         execute_s = time.perf_counter() - t3
 
         donated = [_donate(i, graph.params[i]) for i in donors]
@@ -341,7 +346,7 @@ class Engine:
         with self.lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
-            outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None))
+            outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None, donated.values()))
             execute_s = time.perf_counter() - t0
             graph_info = entry.graph_infos.get(metadata) or next(iter(entry.graph_infos.values()))
             found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
@@ -470,7 +475,12 @@ class Engine:
         entries = [e for e in reversed(self.cache.entries()) if e.graph_infos]
         return min(entries, key=lambda e: len(misses.diff(key.components, e.key.components)), default=None)
 
-    def _run(self, entry, arrays: list, graph: Graph | None):
+    def _run(self, entry, arrays: list, graph: Graph | None, donors):
+        """Run `entry` on `arrays`; `donors`: the DeviceData whose buffers it is given. JAX deletes
+        those even when the run fails; an executable's first run, the one a new batch size or a
+        grown model makes (where memory most often runs out), keeps host copies of them to put back
+        (its cost, once per executable: one copy of the donated bytes to host memory)."""
+        kept = [(data, transfer.HostCopy(data.array)) for data in donors] if entry.uses == 0 else ()
         entry.uses += 1
         if self.profiling is not None:  # before the run: it frees the buffers it donates
             self.profiling.keep_inputs(entry, arrays)
@@ -480,9 +490,12 @@ class Engine:
             if config.wait_for_execution:
                 self._block(graph)
             return outputs
-        except StepExecutionError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a fault at dispatch, before any output exists
+        except Exception as e:  # noqa: BLE001 - a fault at dispatch, before any output exists, or in the run
+            for data, copy in kept:
+                if data.array.is_deleted():
+                    data.array = copy.to_device()
+            if isinstance(e, StepExecutionError):
+                raise
             raise _execution_error(e, graph) from e
 
     def wait(self) -> None:
@@ -561,7 +574,30 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
         asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
                  f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
     return StepExecutionError(f"xlakit: the device could not run this step: {str(error).rstrip('.')}.{asked} "
-                              "The tensors it would have computed keep this error; others are intact.")
+                              "Tensors it was updating in place keep their values from before it (parameters, "
+                              "optimizer state); the values it would have made keep this error. Host state your "
+                              "code changed while recording it stays changed (a CPU step count).")
+
+
+def _dropped(error: StepExecutionError, targets) -> StepExecutionError:
+    """A step the device could not run is dropped whole, as eager stops at the allocation that
+    failed before any update: a tensor the user made on the device (tensor.own: parameters,
+    optimizer state, what `.to` moved) gets back the buffer it held before the step; the values
+    the step made anew keep the error. A buffer the device took anyway (a runtime fault after the
+    executable started, which donated it) cannot be given back: the error names those tensors."""
+    lost = []
+    for t in targets:
+        previous, t.previous = t.previous, None
+        if previous is not None and previous.array is not None and not previous.array.is_deleted():
+            t.data, t.node = previous, None
+        else:
+            if previous is not None:
+                lost.append(t.label or previous.label or str(t.aval))
+            t.fail(error)
+    if not lost:
+        return error
+    return StepExecutionError(f"{error} The device took the buffers of {len(lost)} tensor(s) it was updating in "
+                              f"place, which lost their values too: {', '.join(sorted(set(lost)))}.")
 
 
 def _warn_if_too_big(memory, graph: Graph) -> None:

@@ -13,7 +13,8 @@ import jax
 
 from ..config import default_cache_dir
 from ..engine import cache
-from . import autocast, device_module, dynamo_frames, fake_tensors, functionalization, labels, modules, serialization
+from . import (autocast, device_module, dynamo_frames, fake_tensors, functionalization, host_state, labels, modules,
+               serialization)
 
 _LOCK = threading.Lock()
 _INSTALLED = False
@@ -42,6 +43,7 @@ def install() -> None:
         device_module.install()
         modules.install()
         labels.install()
+        host_state.install()
         autocast.install()
         serialization.install()
         dynamo_frames.install()
