@@ -268,3 +268,11 @@ def test_bad_sharding_specs_are_clear_errors(case):
     assert "the spec True is not a tuple" in errors["a bool spec"]
     assert "None is not an axis" in errors["None inside an entry"]
     assert re.search(r"2 is not an axis of .* \(in the spec \(2, None\)\).*its index \(0 to 1\)", errors["an axis past the mesh"])
+
+
+def test_a_compiled_training_step_keeps_each_parameters_sharding(case):
+    result = case("compiled_step_keeps_shardings")
+    assert all(specs == result["before"] for specs in result["after"]), result
+    assert result["before"]["2.weight"] == "('data', None)", result["before"]
+    compiles = result["compiles"]
+    assert compiles[3] == compiles[2] == compiles[1], compiles  # from the third call on, nothing is compiled

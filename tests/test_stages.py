@@ -52,3 +52,25 @@ def test_plan_donates_only_at_step_markers_and_pairs_a_donor_with_its_own_update
     assert keys.compute_key(full.graph, full.donors, flags).key != keys.compute_key(cut.graph, (), flags).key
     off = stages.plan(cut, live(), full=True, donate=False)
     assert off.donors == () and "turned off" in off.note
+
+
+def test_plan_pairs_each_donor_with_the_update_made_from_it_without_labels(dev):
+    # under torch.compile nothing names a function's parameters: donors were paired by shape alone,
+    # so a weight's buffer could go to another tensor's update of its shape (and its sharding with
+    # it, sharding.plan), and a loop's key changed once names arrived
+    a, b = torch.ones(4, device=dev), torch.full((4,), 2.0, device=dev)
+    xlakit.mark_step()
+    a_old, b_old = (recorder.unwrap(t)._state.data for t in (a, b))
+    b.mul_(3).add_(1)        # b's update, recorded first (its buffer is the graph's first input)
+    a.lerp_(b, 0.5)          # a's, which reads b's update too
+    values = [recorder.unwrap(t)._state for t in (a, b)]  # a's output first: shape pairing crosses them
+    cut = stages.cut(values, live(), full=True)
+    index = {id(p): i for i, p in enumerate(cut.graph.params)}
+    assert index[id(b_old)] < index[id(a_old)]  # the scalars 3, 1 and 0.5 are inputs too (read-only)
+    assert [stages.updated_from(*root, index) for root in cut.roots] == [index[id(a_old)], index[id(b_old)]]
+    planned = stages.plan(cut, live(), full=True, donate=True)
+    assert planned.donors == (index[id(b_old)], index[id(a_old)])
+    # JAX pairs donors with outputs in order: each old buffer with its own tensor's update
+    paired = dict(zip(planned.donors, planned.roots))
+    assert paired[index[id(a_old)]] == cut.roots[0] and paired[index[id(b_old)]] == cut.roots[1]
+    assert cut.labels == [None, None] and a_old.label is None and b_old.label is None

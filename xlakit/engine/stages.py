@@ -92,10 +92,14 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     the parameter is still read makes XLA copy donors first (measured on an
     MLP's AdamW step: 32 copies, execution 16.8 ms; paired by label: 3 copies,
     11.6 ms). So a donor goes to the output with its own label (the same
-    parameter or optimizer state, updated), and the roots are ordered so that
-    JAX's pairing is this plan's pairing. Labels only choose the pairing: the
-    key holds the resulting root order and donors, so the key alone still
-    determines the executable.
+    parameter or optimizer state, updated), else to the output updated from it
+    (`updated_from`: nothing names a function's parameters under
+    torch.compile), and the roots are ordered so that JAX's pairing is this
+    plan's pairing. A donated input's sharding passes to its output
+    (sharding.plan): paired by shape alone, a sharded weight took over another
+    tensor's layout and the next step compiled again. Labels and chains only
+    choose the pairing: the key holds the resulting root order and donors, so
+    the key alone still determines the executable.
     """
     graph = cut.graph
     if not full:
@@ -104,8 +108,12 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
         return Plan(graph, cut.roots, (), "donation turned off (xlakit.config.donate)")
     held = {id(t.data) for t in live if t.data is not None}
     root_avals = graph.root_avals
-    by_label = {}
-    for k, label in enumerate(cut.labels):
+    param_of = {id(p): i for i, p in enumerate(graph.params)}
+    by_update, by_label = {}, {}
+    for k, (root, label) in enumerate(zip(cut.roots, cut.labels)):
+        i = updated_from(*root, param_of)
+        if i is not None and graph.params[i].aval == root_avals[k]:
+            by_update.setdefault(i, k)
         if label is not None:
             by_label.setdefault((label, root_avals[k]), k)
     taken: dict[int, int] = {}  # output -> donor
@@ -117,6 +125,8 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
             still_read += 1
         else:
             k = by_label.get((p.label, p.aval)) if p.label is not None else None
+            if k is None or k in taken:
+                k = by_update.get(i)
             if k is not None and k not in taken:
                 taken[k] = i
             else:
@@ -143,3 +153,27 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
         reasons.append(f"{unpaired} input(s) with no output of the same shape and dtype to reuse the buffer")
     planned = dataclasses.replace(graph, roots=[graph.roots[k] for k in order])
     return Plan(planned, [cut.roots[k] for k in order], tuple(sorted(taken.values())), "; ".join(reasons))
+
+
+CHAIN_LIMIT = 32  # ops between a root and its input: an optimizer's update of a parameter takes 2-6
+
+
+def updated_from(node: Node, index: int, param_of: dict[int, int]) -> int | None:
+    """The graph input (by position; `param_of`: id of a parameter -> it) that output `index` of
+    `node` is an update of: an in-place op's functional form takes the old value first
+    (add(self, other), lerp(self, end, weight)) and keeps its shape and dtype, and a `_foreach_`
+    op's i-th output is its i-th first list's; the chain of those from a root back to an input.
+    None where it reaches none, or passes a value of another shape or dtype (a gradient's
+    matmul, whose first operand leads back to a weight, is no update of it)."""
+    aval = node.avals[index]
+    for _ in range(CHAIN_LIMIT):
+        operands = node.operands
+        if not operands or node.avals[index] != aval:
+            return None
+        operand = operands[index] if len(node.avals) > 1 and index < len(operands) else operands[0]
+        data = operand_data(operand)
+        if data is not None:
+            i = param_of.get(id(data))
+            return i if data.aval == aval else None
+        node, index = operand
+    return None

@@ -156,6 +156,14 @@ def own_at_write(t: torch.Tensor) -> None:
         current().ledger.latest[_OWNED[t]] = value.data
 
 
+def note_computed(t: torch.Tensor) -> None:
+    """An owned tensor's value computed outside a step (a compiled graph's replay copied into it):
+    what a failed step gives back, and the donor the next step pairs with its update (stages.plan)."""
+    owner = _OWNED.get(t)
+    if owner is not None:
+        current().ledger.latest[owner] = unwrap(t)._state.data
+
+
 def stamp_owners() -> None:
     latest = current().ledger.latest
     owned = list(_OWNED.items())

@@ -42,6 +42,7 @@ from ..engine import cache, compiled, keys
 from ..engine.executor import current
 from ..front import autocast, dynamo_frames, install, labels
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, from_host, new_tensor, op_info, unwrap
+from ..front.tensor import note_computed
 from ..lowerings import verdicts
 
 
@@ -689,6 +690,7 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
         torch.autograd.graph.increment_version(original)
         if state.data is not None:  # a replay's, computed outside a step: named now, as a step's results are
             labels.stamp_if_named(original)
+            note_computed(original)
     elif original.requires_grad and original.is_leaf:  # a mutation autograd did not see
         original.detach().copy_(new)
     else:
