@@ -234,3 +234,30 @@ def test_torch_xlas_paths_of_a_training_step_run_or_say_why_not(new_python, earl
     else:
         assert theirs.startswith("[('torch_xla LazyTensor', 2, ") and "not run" not in theirs, theirs
     assert ours == str([("Dynamo FX", 3, 2), ("Dynamo -> HLO (xlakit backend)", 5, 0), ("Lazy (xlakit engine)", 2, 1)])
+
+
+_CLOSED_OVER = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU())
+
+
+def reads_a_global_module(x):
+    y = _CLOSED_OVER(x)
+    if y.sum() > 0:                   # +2: a break
+        y = y * 2
+    return y
+
+
+@pytest.mark.parametrize("batch_on", ["host", "device"])
+def test_explain_of_a_function_of_a_module_on_the_device_that_it_does_not_take_as_an_argument(dev, batch_on):
+    # the module is a global of the function, not an argument: explain could not copy it to
+    # torch_xla's device, whose paths raised a device mismatch; a host batch ran on the host
+    # beside the module's device parameters and Dynamo failed on the mixed devices
+    torch.manual_seed(0)
+    _CLOSED_OVER.to(dev)
+    x = torch.randn(3, 4)
+    report = xlakit.explain(reads_a_global_module, x if batch_on == "host" else x.to(dev))
+    assert report.note == breaks.DEVICE_NOTE
+    (b,) = report.breaks
+    assert b.where.line == reads_a_global_module.__code__.co_firstlineno + 2 and b.dynamo.code == "GB0170"
+    assert [(p.graphs, p.breaks) for p in report.paths[:3]] == [(2, 1), (2, 0), (2, 1)], report.paths
+    for path in report.paths[3:]:     # torch_xla's, where it is installed
+        assert path.why == [breaks.NOT_MOVED_WHY], path

@@ -138,15 +138,26 @@ _COPIED = (torch.Tensor, torch.nn.Module, torch.optim.Optimizer)
 
 
 def _home(fn, args, kwargs) -> torch.device:
-    """xlakit's device where a tensor argument, or a parameter or buffer of fn or of a
-    module argument, is on it; else the host."""
+    """xlakit's device where a tensor argument, or a parameter or buffer of fn, of a module
+    argument or of a module fn closes over or names as a global, is on it; else the host
+    (a function of a module on the device, called on a host batch, runs on the device)."""
     tensors = []
-    for value in tree_flatten((fn, args, kwargs))[0]:
+    for value in tree_flatten((fn, args, kwargs, _read_by(fn)))[0]:
         if isinstance(value, torch.nn.Module):
             tensors += [*value.parameters(), *value.buffers()]
         elif isinstance(value, torch.Tensor):
             tensors.append(value)
     return DEVICE if any(t.device == DEVICE for t in tensors) else torch.device("cpu")
+
+
+def _read_by(fn) -> list:
+    """The modules and tensors a plain function reads from its closure and its globals."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    cells = [c.cell_contents for c in fn.__closure__ or () if c.cell_contents is not c]  # an empty cell raises
+    names = [fn.__globals__[n] for n in code.co_names if n in fn.__globals__]
+    return [v for v in (*cells, *names) if isinstance(v, (torch.nn.Module, torch.Tensor))]
 
 
 def _moved(fn, args, kwargs, device):
@@ -283,6 +294,13 @@ LATE_DEVICE_WHY = ("not run: a backward() ran in this process before torch_xla m
                    "and call torch_xla.device() before the first backward()")
 
 
+# explain copies fn (a module), its arguments and the modules and optimizers among them to
+# torch_xla's device; what fn reads otherwise (a module it closes over) stays on xlakit's
+NOT_MOVED_WHY = ("not run: the function reads a tensor on xlakit's device that explain does not copy to "
+                 "torch_xla's (a module or tensor it closes over or reads from a global); pass it as an "
+                 "argument to compare torch_xla's paths")
+
+
 def _torch_xla_with_device():
     """torch_xla with its device made, or None where it is not installed."""
     try:
@@ -306,9 +324,13 @@ def _torch_xla_paths(fn, args, kwargs, torch_xla) -> list[PathReport]:
         try:
             out = compile_fn(f)(*a, **k)
         except RuntimeError as e:
-            if _LATE_DEVICE not in str(e):
+            if _LATE_DEVICE in str(e):
+                why = LATE_DEVICE_WHY
+            elif str(DEVICE) in str(e) and "xla:" in str(e):
+                why = NOT_MOVED_WHY
+            else:
                 raise
-            reports.append(PathReport(name, 0, 0, [LATE_DEVICE_WHY]))
+            reports.append(PathReport(name, 0, 0, [why]))
             continue
         torch_xla.sync()
         del out
