@@ -77,14 +77,15 @@ def test_unusable_cache_dir_warns_and_compiles_without_it(new_python, tmp_path):
     assert done.stdout.split()[0] == "miss"
 
 
-def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(new_python, tmp_path):
+@pytest.mark.parametrize("damage", ["overwritten", "truncated"])
+def test_corrupt_cache_entries_mean_a_recompile_not_a_crash(new_python, tmp_path, damage):
     cache = tmp_path / "cache"
     first = _run(new_python, str(cache))
     assert first.returncode == 0 and first.stdout.split()[0] == "miss"
     entries = [p for p in Path(cache).rglob("*") if p.is_file()]
     assert entries
-    for p in entries:
-        p.write_bytes(b"corrupt" * 10)
+    for p in entries:  # other bytes, or a write cut short (a full disk, a killed copy)
+        p.write_bytes(b"corrupt" * 10 if damage == "overwritten" else p.read_bytes()[:len(p.read_bytes()) // 2])
     second = _run(new_python, str(cache))
     assert second.returncode == 0, second.stderr
     assert second.stdout.split() == first.stdout.split()  # recompiled, same value

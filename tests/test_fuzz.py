@@ -239,3 +239,206 @@ def test_random_programs_match_eager(dev, seed, program):
         lazy.run(ins, check)
     xlakit.mark_step()
     check()
+
+
+# -- loops: a replayed step must behave as a freshly recorded one -------------------------
+# The engine reuses a loop's recording from its third run on, at the latest its fourth in a fresh
+# process (engine/tape.py): each op is
+# checked against the op recorded at its place last time, not traced again. A loop whose Python
+# scalars, dtypes or layouts change at a later step must then give eager's values and eager's
+# errors, as the same step recorded fresh would.
+LOOP_STEPS = 7
+loop_instructions = st.one_of(
+    st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
+    st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg", "relu"]), slot),
+    st.tuples(st.just("scalar"), st.sampled_from(["add", "mul", "rsub"]), slot, unit),
+    st.tuples(st.just("matmul"), slot, slot),
+    st.tuples(st.just("center"), slot, st.integers(0, 1)),
+    st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "clamp_"]), slot, unit),
+    st.tuples(st.just("view_inplace"), views, st.sampled_from(["add_", "mul_", "fill_", "lerp_"]), slot, slot, unit),
+    st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit),
+    st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16])),
+    st.tuples(st.just("item"), slot),
+    st.tuples(st.just("partial_sync"), st.lists(slot, max_size=2)),
+    st.tuples(st.just("bad_index"), st.sampled_from(["index", "index_select", "gather", "embedding", "take"]),
+              slot, st.lists(st.integers(0, 3), min_size=4, max_size=4), st.just(None)),
+    st.tuples(st.just("int_div"), st.sampled_from(["floor_divide", "remainder", "fmod", "trunc"]), slot,
+              st.sampled_from([1, 2, -1, -2, 3])),
+    st.tuples(st.just("relayout"), st.sampled_from(list(RELAYOUTS)), slot),
+    st.tuples(st.just("half_scalar"), slot, st.sampled_from([torch.float16, torch.bfloat16]),
+              st.sampled_from(["mul", "div", "add"]), st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])),
+)
+CASTS = [torch.float64, torch.bfloat16, torch.float16]
+HALVES = [torch.float16, torch.bfloat16]
+
+
+def changed(ins, change: str, new):
+    """`ins` after the loop's change: its Python scalars, its dtype, or (layout) as it was."""
+    kind, *a = ins
+    if change == "scalars":
+        unit_value, divisor, bad, half_value = new
+        if kind in ("scalar", "inplace", "view_inplace", "index_put"):
+            return (kind, *a[:-1], unit_value)
+        if kind == "int_div":
+            return (kind, *a[:-1], divisor)
+        if kind == "bad_index":
+            return (kind, *a[:-1], bad)
+        if kind == "half_scalar":
+            return (kind, *a[:-1], half_value)
+    if change == "dtype":
+        if kind == "cast":
+            return (kind, a[0], CASTS[(CASTS.index(a[1]) + 1) % len(CASTS)])
+        if kind == "half_scalar":
+            return (kind, a[0], HALVES[1 - HALVES.index(a[1])], *a[2:])
+    return ins
+
+
+def _loop_body(program, state, lazy: bool):
+    """The program over the state tensors, whose last results are then written into the state in
+    place (bounded by tanh), as a training step updates its parameters."""
+    run = Program(list(state), lazy=lazy)
+    for ins in program:
+        run.run(ins, lambda: None)
+    with torch.no_grad():
+        for s, new in zip(state, reversed(run.pool[len(state):])):
+            s.copy_(new.tanh())
+    return run.items
+
+
+def _loop_step(program, state, lazy: bool):
+    """One step of the loop, ended by its step marker (always this one: the sync its runs follow)."""
+    items = _loop_body(program, state, lazy)
+    if lazy:
+        xlakit.mark_step()
+    return items
+
+
+def _fresh_step(program, state):
+    """The same step on copies of the state, recorded fresh: after another sync than the loop's,
+    whose runs the tape has not seen. Per state tensor: its value after the step, or the error."""
+    copies = [t.clone() for t in state]
+    xlakit.mark_step()  # the loop's last run ends here: it has no next step
+    try:
+        _loop_body(program, copies, lazy=True)
+        xlakit.mark_step()
+    except (IndexError, RuntimeError):
+        pass
+    outcome = []
+    for t in copies:
+        try:
+            outcome.append(t.cpu())
+        except (IndexError, RuntimeError) as error:
+            outcome.append(type(error))
+    return outcome
+
+
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), program=st.lists(loop_instructions, min_size=1, max_size=16),
+       change_at=st.integers(4, LOOP_STEPS - 1), change=st.sampled_from(["scalars", "dtype", "layout"]),
+       new=st.tuples(unit, st.sampled_from([1, 2, -1, 0]), maybe_bad,
+                     st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])))
+def test_random_loops_replayed_after_a_change_match_eager(dev, seed, program, change_at, change, new):
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(SHAPE, generator=gen) for _ in range(3)]
+    xlakit.reset()  # each loop as in a fresh process: the last example's runs at this sync back the tape off
+    eager, lazy = [t.clone() for t in start], [t.to(dev) for t in start]
+    replayed = 0
+    for step in range(LOOP_STEPS):
+        body = [changed(ins, change, new) for ins in program] if step >= change_at else program
+        if change == "layout" and step == change_at:  # the state transposed in memory from here on
+            eager, lazy = [t.t().contiguous().t() for t in eager], [t.t().contiguous().t() for t in lazy]
+        before = [t.clone() for t in lazy]  # clones record no op: the loop's run still replays
+        try:
+            want_items = _loop_step(body, eager, lazy=False)
+        except (IndexError, RuntimeError) as error:  # bad input after the change: eager stops here
+            with pytest.raises(type(error)):
+                _loop_step(body, lazy, lazy=True)
+            fresh = _fresh_step(body, before)
+            # each state tensor as the same step recorded fresh leaves it: its value, or poisoned
+            # (test_a_write_after_a_failed_check_that_does_not_read_it_is_dropped: eager's is the old)
+            for k, (got, want) in enumerate(zip(lazy, fresh)):
+                try:
+                    host = got.cpu()
+                except (IndexError, RuntimeError) as poisoned:
+                    assert want is type(poisoned), (k, step, body, want)
+                    continue
+                assert isinstance(want, torch.Tensor), (k, step, body, want)
+                torch.testing.assert_close(host, want, rtol=0, atol=0, equal_nan=True,
+                                           msg=lambda m: f"state {k} after the failed step {step} of {body}: {m}")
+            hypothesis.event(f"eager raised {type(error).__name__} after the change")
+            return
+        with xlakit.capture() as records:
+            got_items = _loop_step(body, lazy, lazy=True)
+        replayed += sum(r.replay.replayed for r in records if r.replay is not None and step < change_at)
+        for k, (got, want) in enumerate(zip(lazy, eager)):
+            assert got.stride() == want.stride(), (k, step, body)
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-3, equal_nan=True,
+                                       msg=lambda m: f"state {k} after step {step} of {body}: {m}")
+        torch.testing.assert_close(torch.tensor(got_items), torch.tensor(want_items), rtol=2e-2, atol=2e-3,
+                                   equal_nan=True)
+    assert replayed, "the loop's steps before the change replayed their recording"
+
+
+# -- torch.compile: what a program holds of a compiled function's inputs across its calls ------
+# A compiled function that updates its input in place donates the input's old buffer when no
+# other tensor holds it (engine/compiled.py): every snapshot, clone, view and alias the program
+# keeps must read eager's values after every later call.
+HOLDS = {
+    "clone": lambda x: x.clone(),
+    "detach_clone": lambda x: x.detach().clone(),
+    "copy_into": lambda x: torch.empty_like(x).copy_(x),
+    "alias": lambda x: x,
+    "detach": lambda x: x.detach(),
+    "row_view": lambda x: x[1],
+    "t_view": lambda x: x.t(),
+    "flat_view": lambda x: x.view(-1)[2:7],
+    "contiguous": lambda x: x.contiguous(),
+    "reshape_copy": lambda x: x.t().reshape(-1),
+}
+compiled_actions = st.one_of(
+    st.tuples(st.just("call"), st.sampled_from([0.5, -0.9])),  # Dynamo traces each float again: two graphs
+    st.tuples(st.just("hold"), st.sampled_from(list(HOLDS))),
+    st.tuples(st.just("drop"), st.integers(0, 7)),
+    st.tuples(st.just("write_held"), st.integers(0, 7), unit),   # an in-place write through what is held
+    st.tuples(st.just("mark_step")),
+)
+
+
+def _update(x, c):
+    x.mul_(c).add_(1)
+    return x.sum()
+
+
+_COMPILED_UPDATE = None
+
+
+@settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=not RANDOM,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**16), actions=st.lists(compiled_actions, min_size=1, max_size=24))
+def test_what_a_program_holds_of_a_compiled_functions_input_keeps_eagers_values(dev, seed, actions):
+    global _COMPILED_UPDATE
+    if _COMPILED_UPDATE is None:  # one compiled function for every example: Dynamo traces it once
+        _COMPILED_UPDATE = torch.compile(_update, backend="xlakit")
+    x0 = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed))
+    eager, lazy = x0.clone(), x0.to(dev)
+    held_eager, held_lazy = [], []
+    for action in actions:
+        kind, *a = action
+        if kind == "call":
+            want, got = _update(eager, a[0]), _COMPILED_UPDATE(lazy, a[0])
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-4, atol=2e-4, msg=lambda m: f"{actions}: {m}")
+        elif kind == "hold":
+            held_eager.append(HOLDS[a[0]](eager))
+            held_lazy.append(HOLDS[a[0]](lazy))
+        elif kind == "drop" and held_eager:
+            del held_eager[a[0] % len(held_eager)], held_lazy[a[0] % len(held_lazy)]
+        elif kind == "write_held" and held_eager:
+            k = a[0] % len(held_eager)
+            held_eager[k].add_(a[1])
+            held_lazy[k].add_(a[1])
+        elif kind == "mark_step":
+            xlakit.mark_step()
+        for k, (got, want) in enumerate(zip([lazy, *held_lazy], [eager, *held_eager])):
+            torch.testing.assert_close(got.cpu(), want, rtol=2e-4, atol=2e-4,
+                                       msg=lambda m: f"tensor {k} after {action} in {actions}: {m}")
