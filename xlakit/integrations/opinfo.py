@@ -1,7 +1,8 @@
 """Run PyTorch's OpInfo sample inputs through xlakit and compare with eager.
 
-`python -m xlakit.integrations.opinfo [--ops N] [--names a,b] [--out docs/op_coverage.md]` writes the
-coverage report; tests/test_opinfo.py runs a bounded subset in CI. An op is
+`python -m xlakit.integrations.opinfo [--ops N] [--names a,b] [--dtypes all|float32,...] [--out FILE]`
+writes the coverage report (docs/op_coverage.md: float32; docs/op_coverage_dtypes.md: the other dtypes
+eager CPU runs each op in); tests/test_opinfo.py runs a bounded subset in CI. An op is
 "pass" (every sample equals eager), "fallback" (it ran eagerly on CPU, so it is
 correct by construction), "error" (a clear exception) or "mismatch" (silently
 wrong: the category that must stay empty). Where eager's own answer is one of
@@ -76,6 +77,14 @@ def _align_eigenvectors(got, want):
     return values, vectors * phase.unsqueeze(-2)
 
 
+_FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz)
+# float32 and wider: XLA's and eager's kernels sum and round in another order. Every other dtype
+# takes torch.testing's own tolerance for it: exact for integers, about one unit in the last place
+# for float16 and bfloat16; float8 exact.
+_TOLERANCE = {d: dict(rtol=1e-4, atol=1e-5) for d in (torch.float32, torch.float64, torch.complex64, torch.complex128)}
+_TOLERANCE.update({d: dict(rtol=0, atol=0) for d in _FLOAT8})
+
+
 def _close(got, want) -> bool:
     got_leaves, _ = tree_flatten(got)
     want_leaves, _ = tree_flatten(want)
@@ -85,8 +94,11 @@ def _close(got, want) -> bool:
         if isinstance(w, torch.Tensor):
             if not isinstance(g, torch.Tensor) or g.dtype != w.dtype or g.shape != w.shape:
                 return False
+            g = g.cpu()
+            if w.dtype in _FLOAT8:  # torch.testing compares no float8: their values, bit for bit
+                g, w = g.float(), w.float()
             try:
-                torch.testing.assert_close(g.cpu(), w, equal_nan=True, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(g, w, equal_nan=True, **_TOLERANCE.get(w.dtype, {}))
             except AssertionError:
                 return False
         elif g != w and not (g != g and w != w):  # NaN == NaN here
@@ -150,29 +162,35 @@ def check_op(opinfo, dtype=torch.float32) -> tuple[str, str]:
     return ("fallback" if fell_back else "pass"), "; ".join(notes)
 
 
-def sweep(limit: int | None = None, names: list[str] | None = None) -> dict[str, tuple[str, str]]:
+def sweep(limit: int | None = None, names: list[str] | None = None,
+          dtypes: list[torch.dtype] | None = None) -> dict[str, tuple[str, str]]:
+    """Per op (and dtype, as `name@dtype`, but float32's), its outcome. `dtypes`: those of each op's
+    that eager CPU supports to run it in (None: float32 alone; an empty list: every one)."""
     import torch._lazy
     from torch.testing._internal.common_methods_invocations import op_db
 
     install.install()
 
-    ops = [o for o in op_db if torch.float32 in o.supported_dtypes("cpu")]
-    if names is not None:
-        ops = [o for o in ops if o.name in names]
+    ops = [o for o in op_db if names is None or o.name in names]
     results = {}
     # OpInfo's seeding wrapper (random ops) ends with a step marker on a "lazy"
     # device through PyTorch's own lazy-tensor runtime: here, xlakit's.
     with unittest.mock.patch.object(torch._lazy, "mark_step", lambda *args, **kwargs: session.mark_step()):
         for opinfo in ops[:limit]:
             key = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
-            results[key] = check_op(opinfo)
+            supported = opinfo.supported_dtypes("cpu")
+            for dtype in sorted(supported, key=str) if dtypes == [] else (dtypes or [torch.float32]):
+                if dtype in supported:
+                    short = str(dtype).removeprefix("torch.")
+                    results[key if dtype == torch.float32 else f"{key}@{short}"] = check_op(opinfo, dtype)
     return results
 
 
-def report(results: dict[str, tuple[str, str]]) -> str:
+def report(results: dict[str, tuple[str, str]], dtypes: str = "float32") -> str:
     counts = collections.Counter(outcome for outcome, _ in results.values())
-    lines = ["# Op coverage (PyTorch OpInfo, float32, eager CPU vs xlakit)", "",
-             f"{len(results)} ops, up to {SAMPLES_PER_OP} samples each: " +
+    what = "ops" if dtypes == "float32" else "(op, dtype) pairs, written op@dtype"
+    lines = [f"# Op coverage (PyTorch OpInfo, {dtypes}, eager CPU vs xlakit)", "",
+             f"{len(results)} {what}, up to {SAMPLES_PER_OP} samples each: " +
              ", ".join(f"{counts[k]} {k}" for k in ("pass", "fallback", "error", "mismatch", "skipped")), ""]
     for outcome in ("mismatch", "error", "fallback", "skipped", "pass"):
         names = sorted(n for n, (o, _) in results.items() if o == outcome)
@@ -192,9 +210,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--ops", type=int, default=None, help="only the first N ops")
     parser.add_argument("--names", default=None, help="only these OpInfo names, comma-separated")
+    parser.add_argument("--dtypes", default="float32",
+                        help="comma-separated (float16,uint32,...), or 'all': each dtype eager CPU runs the op in")
     parser.add_argument("--out", default="docs/op_coverage.md")
     args = parser.parse_args()
-    text = report(sweep(args.ops, args.names.split(",") if args.names else None))
+    dtypes = [] if args.dtypes == "all" else [getattr(torch, d) for d in args.dtypes.split(",")]
+    text = report(sweep(args.ops, args.names.split(",") if args.names else None, dtypes), args.dtypes)
     with open(args.out, "w") as f:
         f.write(text + "\n")
     print(text.splitlines()[2])
