@@ -50,15 +50,19 @@ def test_keyboard_interrupt_during_compile_leaves_the_engine_consistent(dev, mon
     assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def _device_fault(monkeypatch, message: str) -> None:
+    """The device reports `message` for every execution, once it has run (until monkeypatch.undo())."""
+    def fault(*args, **kwargs):
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(jax, "block_until_ready", fault)
+
+
 def test_a_failing_execution_is_a_clear_error_and_the_engine_goes_on(dev, monkeypatch):
     x = torch.ones(3).to(dev)
     xlakit.mark_step()
     y = x * 2
-
-    def device_fault(*args, **kwargs):
-        raise RuntimeError("RESOURCE_EXHAUSTED: injected")
-
-    monkeypatch.setattr(jax, "block_until_ready", device_fault)
+    _device_fault(monkeypatch, "RESOURCE_EXHAUSTED: injected")
     with pytest.raises(StepExecutionError, match=r"could not run this step.*RESOURCE_EXHAUSTED.*12 bytes of outputs"):
         xlakit.mark_step()
     monkeypatch.undo()
@@ -237,11 +241,7 @@ def test_a_fault_in_a_later_run_names_the_tensors_whose_buffers_it_took(dev, mon
         xlakit.mark_step()
     assert current().log.records[-1].donated
     w.mul_(2)
-
-    def device_fault(*args, **kwargs):
-        raise RuntimeError("INTERNAL: injected")
-
-    monkeypatch.setattr(jax, "block_until_ready", device_fault)
+    _device_fault(monkeypatch, "INTERNAL: injected")
     with pytest.raises(StepExecutionError, match=r"took the buffers of 1 tensor\(s\).*lost their values too: w\."):
         xlakit.mark_step()
     monkeypatch.undo()

@@ -41,38 +41,45 @@ RELAYOUTS = {
 }
 
 
+# the instructions both modes draw (the loops', below, leave out step markers, files, random draws,
+# fallbacks and the writes eager refuses)
+binary = st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot)
+unary = st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg", "relu"]), slot)
+scalar = st.tuples(st.just("scalar"), st.sampled_from(["add", "mul", "rsub"]), slot, unit)
+matmul = st.tuples(st.just("matmul"), slot, slot)
+center = st.tuples(st.just("center"), slot, st.integers(0, 1))
+inplace = st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "zero_", "clamp_"]), slot, unit)
+view_inplace = st.tuples(st.just("view_inplace"), views,
+                         st.sampled_from(["add_", "mul_", "fill_", "copy_", "addcmul_", "addcdiv_", "lerp_"]), slot,
+                         slot, unit)
+index_put = st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit)
+cast = st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16]))
+partial_sync = st.tuples(st.just("partial_sync"), st.lists(slot, max_size=3))
+item = st.tuples(st.just("item"), slot)
+INDEXING = ["index", "index_select", "gather", "embedding", "take"]
+DIVISIONS = ["floor_divide", "remainder", "fmod", "trunc"]
+relayout = st.tuples(st.just("relayout"), st.sampled_from(list(RELAYOUTS)), slot)
+# half types with a Python scalar outside their range or below their precision
+half_scalar = st.tuples(st.just("half_scalar"), slot, st.sampled_from([torch.float16, torch.bfloat16]),
+                        st.sampled_from(["mul", "div", "add"]), st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0]))
+
 instructions = st.one_of(
-    st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
-    st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg", "relu"]), slot),
-    st.tuples(st.just("scalar"), st.sampled_from(["add", "mul", "rsub"]), slot, unit),
-    st.tuples(st.just("matmul"), slot, slot),
-    st.tuples(st.just("center"), slot, st.integers(0, 1)),
-    st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "zero_", "clamp_"]), slot, unit),
-    st.tuples(st.just("view_inplace"), views,
-              st.sampled_from(["add_", "mul_", "fill_", "copy_", "addcmul_", "addcdiv_", "lerp_"]), slot, slot,
-              unit),
-    st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit),
-    st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16])),
+    binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast,
     st.tuples(st.just("masked_sum"), slot, slot),              # data-dependent shape: eager fallback
-    st.tuples(st.just("mark_step")),
-    st.tuples(st.just("partial_sync"), st.lists(slot, max_size=3)),
-    st.tuples(st.just("item"), slot),
+    st.tuples(st.just("mark_step")), partial_sync, item,
     st.tuples(st.just("save"), slot),
     # may be bad input (about one in four): an index a little outside the shape (4, 5), a divisor 0
-    st.tuples(st.just("bad_index"), st.sampled_from(["index", "index_select", "gather", "embedding", "take"]),
-              slot, st.lists(st.integers(0, 3), min_size=4, max_size=4), maybe_bad),
+    st.tuples(st.just("bad_index"), st.sampled_from(INDEXING), slot,
+              st.lists(st.integers(0, 3), min_size=4, max_size=4), maybe_bad),
     st.tuples(st.just("bad_index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), maybe_bad, unit),
-    st.tuples(st.just("int_div"), st.sampled_from(["floor_divide", "remainder", "fmod", "trunc"]), slot,
-              st.sampled_from([1, 2, -1, -2, 3, 0])),
+    st.tuples(st.just("int_div"), st.sampled_from(DIVISIONS), slot, st.sampled_from([1, 2, -1, -2, 3, 0])),
     # copies and views made from views: a copy must not alias (strides as eager's); writes through
     # overlapping windows; writes to an expanded tensor (eager refuses them)
-    st.tuples(st.just("relayout"), st.sampled_from(list(RELAYOUTS)), slot),
+    relayout,
     st.tuples(st.just("unfold_write"), slot, st.sampled_from([(5, 3), (2, 3), (4, 4), (3, 1)]), st.integers(0, 1),
               unit),
     st.tuples(st.just("expand_inplace"), st.sampled_from(["add_", "mul_", "fill_", "copy_"]), slot, unit),
-    # half types with a Python scalar outside their range or below their precision
-    st.tuples(st.just("half_scalar"), slot, st.sampled_from([torch.float16, torch.bfloat16]),
-              st.sampled_from(["mul", "div", "add"]), st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])),
+    half_scalar,
     # random ops on the device interleaved with torch.rand on the CPU: one generator
     st.tuples(st.just("random"), slot, st.integers(0, 2**16)),
     # a .grad held across backwards keeps accumulating
@@ -249,24 +256,12 @@ def test_random_programs_match_eager(dev, seed, program):
 # errors, as the same step recorded fresh would.
 LOOP_STEPS = 7
 loop_instructions = st.one_of(
-    st.tuples(st.just("binary"), st.sampled_from(["add", "sub", "mul", "maximum"]), slot, slot),
-    st.tuples(st.just("unary"), st.sampled_from(["tanh", "sin", "abs", "neg", "relu"]), slot),
-    st.tuples(st.just("scalar"), st.sampled_from(["add", "mul", "rsub"]), slot, unit),
-    st.tuples(st.just("matmul"), slot, slot),
-    st.tuples(st.just("center"), slot, st.integers(0, 1)),
-    st.tuples(st.just("inplace"), st.sampled_from(["add_", "mul_", "fill_", "clamp_"]), slot, unit),
-    st.tuples(st.just("view_inplace"), views, st.sampled_from(["add_", "mul_", "fill_", "lerp_"]), slot, slot, unit),
-    st.tuples(st.just("index_put"), slot, st.lists(st.integers(0, 3), min_size=1, max_size=3), unit),
-    st.tuples(st.just("cast"), slot, st.sampled_from([torch.float64, torch.bfloat16, torch.float16])),
-    st.tuples(st.just("item"), slot),
-    st.tuples(st.just("partial_sync"), st.lists(slot, max_size=2)),
-    st.tuples(st.just("bad_index"), st.sampled_from(["index", "index_select", "gather", "embedding", "take"]),
-              slot, st.lists(st.integers(0, 3), min_size=4, max_size=4), st.just(None)),
-    st.tuples(st.just("int_div"), st.sampled_from(["floor_divide", "remainder", "fmod", "trunc"]), slot,
-              st.sampled_from([1, 2, -1, -2, 3])),
-    st.tuples(st.just("relayout"), st.sampled_from(list(RELAYOUTS)), slot),
-    st.tuples(st.just("half_scalar"), slot, st.sampled_from([torch.float16, torch.bfloat16]),
-              st.sampled_from(["mul", "div", "add"]), st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])),
+    binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast, item, partial_sync, relayout,
+    half_scalar,
+    # good input until the loop's change makes it bad (changed)
+    st.tuples(st.just("bad_index"), st.sampled_from(INDEXING), slot,
+              st.lists(st.integers(0, 3), min_size=4, max_size=4), st.just(None)),
+    st.tuples(st.just("int_div"), st.sampled_from(DIVISIONS), slot, st.sampled_from([1, 2, -1, -2, 3])),
 )
 CASTS = [torch.float64, torch.bfloat16, torch.float16]
 HALVES = [torch.float16, torch.bfloat16]
