@@ -333,12 +333,30 @@ def _checked_writes(op, original):
                 result = _write_overlapping(op, args, kwargs)
                 if result is not None:
                     return result
+                return _keeping_layout(self, lambda: original.call_boxed(keyset, *_numbers(args), **kwargs))
+        return original.call_boxed(keyset, *_numbers(args), **kwargs)
+
+    def _numbers(args):
         for i in tensor_positions:
             if i < len(args) and not isinstance(args[i], torch.Tensor):
-                args = _numbers_as_tensors(args, tensor_positions)
-                break
-        return original.call_boxed(keyset, *args, **kwargs)
+                return _numbers_as_tensors(args, tensor_positions)
+        return args
     return kernel
+
+
+def _keeping_layout(self: torch.Tensor, write):
+    """An in-place write to a tensor laid out otherwise than row-major keeps its strides, as
+    eager's do: functionalization lays the tensor out as its functional op's output, and some
+    meta kernels make that row-major where eager's kernel keeps self's (zero_, uniform_) or
+    where eager's in-place kernel writes through them (masked_fill_): a transposed tensor
+    said it was contiguous after zero_, and reshape and view then decided as for another tensor."""
+    layout = (self.stride(), self.storage_offset())
+    result = write()
+    if self.stride() != layout[0]:
+        torch._functionalize_replace(self, LazyTensor(unwrap(self)._state, layout))
+        torch._functionalize_commit_update(self)
+        torch._sync(self)
+    return result
 
 
 _NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
