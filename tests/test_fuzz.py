@@ -258,10 +258,10 @@ LOOP_STEPS = 7
 loop_instructions = st.one_of(
     binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast, item, partial_sync, relayout,
     half_scalar,
-    # good input until the loop's change makes it bad (changed)
+    # good input until the loop's change makes it bad (changed). No integer division: the state's
+    # values differ from eager's in the last bits after a step, and a cast to int64 amplifies that
     st.tuples(st.just("bad_index"), st.sampled_from(INDEXING), slot,
               st.lists(st.integers(0, 3), min_size=4, max_size=4), st.just(None)),
-    st.tuples(st.just("int_div"), st.sampled_from(DIVISIONS), slot, st.sampled_from([1, 2, -1, -2, 3])),
 )
 CASTS = [torch.float64, torch.bfloat16, torch.float16]
 HALVES = [torch.float16, torch.bfloat16]
@@ -271,11 +271,9 @@ def changed(ins, change: str, new):
     """`ins` after the loop's change: its Python scalars, its dtype, or (layout) as it was."""
     kind, *a = ins
     if change == "scalars":
-        unit_value, divisor, bad, half_value = new
+        unit_value, bad, half_value = new
         if kind in ("scalar", "inplace", "view_inplace", "index_put"):
             return (kind, *a[:-1], unit_value)
-        if kind == "int_div":
-            return (kind, *a[:-1], divisor)
         if kind == "bad_index":
             return (kind, *a[:-1], bad)
         if kind == "half_scalar":
@@ -331,8 +329,7 @@ def _fresh_step(program, state):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**16), program=st.lists(loop_instructions, min_size=1, max_size=16),
        change_at=st.integers(4, LOOP_STEPS - 1), change=st.sampled_from(["scalars", "dtype", "layout"]),
-       new=st.tuples(unit, st.sampled_from([1, 2, -1, 0]), maybe_bad,
-                     st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])))
+       new=st.tuples(unit, maybe_bad, st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0])))
 def test_random_loops_replayed_after_a_change_match_eager(dev, seed, program, change_at, change, new):
     gen = torch.Generator().manual_seed(seed)
     start = [torch.randn(SHAPE, generator=gen) for _ in range(3)]
