@@ -352,7 +352,8 @@ def _keeping_layout(self: torch.Tensor, write):
     said it was contiguous after zero_, and reshape and view then decided as for another tensor."""
     layout = (self.stride(), self.storage_offset())
     result = write()
-    if self.stride() != layout[0]:
+    if self.stride() != layout[0] and isinstance(torch._from_functional_tensor(self), LazyTensor):
+        # (not a fake value, under torch.compile: its graph's outputs are laid out by AOTAutograd)
         torch._functionalize_replace(self, LazyTensor(unwrap(self)._state, layout))
         torch._functionalize_commit_update(self)
         torch._sync(self)
