@@ -26,7 +26,6 @@ from ..core import module_paths
 from ..engine.executor import current
 from . import autocast, labels
 from .recorder import DEVICE
-from .tensor import own
 
 _SEEN: weakref.WeakSet = weakref.WeakSet()  # not ids: ids of dead modules are reused
 _REBASED = WeakTensorKeyDictionary()
@@ -101,21 +100,14 @@ def _name_at_first_call(wrapper: torch.nn.Module, args) -> None:
 
 
 def _hook_if_on_device(module: torch.nn.Module) -> None:
-    """Hook a module with tensors on the device, and own those (tensor.own): its parameters are
-    the user's from their move, not from the first call that names them, which a function
-    under torch.compile never makes (owners pair a step's donors with their updates)."""
-    on_device = [t for _, _, t in _slots(module) if t.device == DEVICE]
-    if on_device:
+    if any(t.device == DEVICE for _, _, t in _slots(module)):
         hook(module)
-        for t in on_device:
-            own(t)
 
 
 def _on_tensor_registered(module: torch.nn.Module, name: str, t) -> None:
     # a Parameter or buffer made on the device (nn.Linear(..., device=dev)) is registered
     if isinstance(t, torch.Tensor) and t.device == DEVICE and not torch.compiler.is_compiling():
         hook(module)
-        own(t)
 
 
 def _on_module_registered(parent: torch.nn.Module, name: str, child) -> None:
