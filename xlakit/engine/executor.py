@@ -575,8 +575,8 @@ def _execution_error(error: BaseException, graph: Graph | None) -> StepExecution
                  f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
     return StepExecutionError(f"xlakit: the device could not run this step: {str(error).rstrip('.')}.{asked} "
                               "Tensors it was updating in place keep their values from before it (parameters, "
-                              "optimizer state); the values it would have made keep this error. Host state your "
-                              "code changed while recording it stays changed (a CPU step count).")
+                              "optimizer state and its CPU step count); the values it would have made keep this "
+                              "error. Other host state your code changed while recording it stays changed.")
 
 
 def _dropped(error: StepExecutionError, targets) -> StepExecutionError:

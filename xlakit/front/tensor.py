@@ -158,7 +158,7 @@ def own_at_write(t: torch.Tensor) -> None:
 
 def note_computed(t: torch.Tensor) -> None:
     """An owned tensor's value computed outside a step (a compiled graph's replay copied into it):
-    what a failed step gives back, and the donor the next step pairs with its update (stages.plan)."""
+    what a step that then fails gives back (engine/check_results.py, executor._dropped)."""
     owner = _OWNED.get(t)
     if owner is not None:
         current().ledger.latest[owner] = unwrap(t)._state.data
