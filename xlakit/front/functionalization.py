@@ -350,9 +350,11 @@ def _keeping_layout(self: torch.Tensor, write):
     meta kernels make that row-major where eager's kernel keeps self's (zero_, uniform_) or
     where eager's in-place kernel writes through them (masked_fill_): a transposed tensor
     said it was contiguous after zero_, and reshape and view then decided as for another tensor."""
-    layout = (self.stride(), self.storage_offset())
+    shape, layout = self.shape, (self.stride(), self.storage_offset())
     result = write()
-    if self.stride() != layout[0] and isinstance(torch._from_functional_tensor(self), LazyTensor):
+    # (an op that changes the shape in place, as stft's resize_ does, lays the result out anew)
+    if self.shape == shape and self.stride() != layout[0] and isinstance(torch._from_functional_tensor(self),
+                                                                         LazyTensor):
         # (not a fake value, under torch.compile: its graph's outputs are laid out by AOTAutograd)
         torch._functionalize_replace(self, LazyTensor(unwrap(self)._state, layout))
         torch._functionalize_commit_update(self)
