@@ -158,6 +158,13 @@ class Node:
         return f"Node({self.op}, {', '.join(map(str, self.avals))})"
 
 
+def recording_mark() -> int:
+    """The `seq` the next node recorded will take, without taking it: a run's positions are its
+    nodes' seqs, contiguous (engine/tape.py). itertools.count can tell its next value only in its
+    repr ("count(5)"); a Python counter would cost every node a method call and a lock."""
+    return int(repr(Node._ids)[len("count("):-1])
+
+
 @dataclasses.dataclass
 class Graph:
     """A computation cut out of the IR for one execution.

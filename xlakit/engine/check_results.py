@@ -22,6 +22,9 @@ bad token id loses no weights). Where the step donated that old buffer, the
 executable itself kept the old value in the aliased output (lowering._replay),
 so nothing is lost to donation either. A tensor updated before that op too,
 or overwritten, held a value there that xlakit does not have: it is poisoned.
+The same holds for such a tensor written after that op by ops that do not read
+the failed op's result (nothing waits on the check there): given back where
+its old buffer was not donated, poisoned where it was.
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ from ..core.ir import DeviceData, Graph, operand_data, pending_nodes
 
 # Steps whose checks may stay unread (each holds its graph, ~50 KB).
 UNREAD_LIMIT = 64
+# `Ledger.bound`'s previous buffer of a user tensor whose value from before the step nothing
+# holds any more (overwritten, or never computed): it has nothing to give back
+GONE = object()
 
 
 class Step:
@@ -86,6 +92,9 @@ class Ledger:
         # waits on too, the buffer its tensor held before the step, its step if the executable kept
         # that old value in it should one of its own checks fail, the node it is an output of)
         self.waiting: weakref.WeakKeyDictionary[DeviceData, tuple] = weakref.WeakKeyDictionary()
+        # per user tensor's buffer that a step with checks wrote without waiting on them:
+        # (the step, the buffer its tensor held before, the node it is an output of)
+        self.written: weakref.WeakKeyDictionary[DeviceData, tuple] = weakref.WeakKeyDictionary()
         # steps added since `waiting` was last brought up to date: a step whose checks are
         # read right after it ran (config.wait_for_execution) needs `waiting` only if one failed
         self._added: list = []
@@ -95,19 +104,22 @@ class Ledger:
         # the exception of a step that failed when its checks were read early (read_oldest),
         # for the next read to raise
         self.failure: Exception | None = None
+        # after a failed read: the recording order (Node.seq) of the op eager stopped at
+        self.stopped_at: int | None = None
 
     def unread(self) -> bool:
         """Whether the next read has checks to read or a failure to raise."""
         return bool(self.steps) or self.failure is not None
 
-    def bound(self, outputs: list[DeviceData], targets) -> list[DeviceData | None]:
+    def bound(self, outputs: list[DeviceData], targets) -> list:
         """A step's results were bound to `targets` (LiveValues): note each user
-        tensor's new buffer; returns per output the buffer its tensor held before."""
+        tensor's new buffer; returns per output the buffer its tensor held before
+        (GONE where none is held; None for an output that is no user tensor's)."""
         owned = {id(t.data): t for t in targets if t.owner is not None and t.data is not None}
         previous = []
         for data in outputs:
             t = owned.get(id(data))
-            previous.append(None if t is None else t.previous)
+            previous.append(None if t is None else GONE if t.previous is None else t.previous)
             if t is not None:
                 self.latest[t.owner], t.previous = data, None
         return previous
@@ -150,6 +162,8 @@ class Ledger:
                     kept = k < len(donors) and previous[k] is graph.params[donors[k]]
                     self.waiting[data] = (taint | own, taint if kept else taint | own, previous[k],
                                           step if kept else None, graph.nodes[graph.roots[k][0]])
+                elif step is not None and previous[k] is not None:
+                    self.written[data] = (step, previous[k], graph.nodes[graph.roots[k][0]])
         self._added.clear()
 
     def verify(self, live) -> Exception | None:
@@ -157,7 +171,7 @@ class Ledger:
         values (`live()` lists them) that depend on a failed one. Returns the
         first failure's exception."""
         steps, self.steps = self.steps, []
-        first, self.failure = self.failure, None
+        first, self.failure, self.stopped_at = self.failure, None, None
         for step in steps:
             error = step.read()
             first = first or error
@@ -167,6 +181,7 @@ class Ledger:
                 self._poison(steps, live())
         finally:
             self.waiting.clear()   # every step is read now
+            self.written.clear()
             self._added.clear()
         return first
 
@@ -184,11 +199,14 @@ class Ledger:
         for data, (waits, *_) in list(self.waiting.items()):
             if not _unread(waits):   # its value is checked now
                 del self.waiting[data]
+        for data, (step, *_) in list(self.written.items()):
+            if not step.unread:
+                del self.written[data]
 
     def _poison(self, steps: list[Step], live) -> None:
         order = {step: i for i, step in enumerate(steps)}
         # eager stops at the first bad op it runs: the earliest recorded among those that failed
-        first = min(step.first_failed(step.failed) for step in steps if step.failed)
+        first = self.stopped_at = min(step.first_failed(step.failed) for step in steps if step.failed)
         bad = {}
         for data, (waits, _, previous, kept_by, node) in self.waiting.items():
             failed = [(step, mask) for step, mask in waits if step.failed & mask]
@@ -197,6 +215,10 @@ class Ledger:
                 back = previous if previous is not None and _updated_after(node, previous, first) else None
                 kept = kept_by is not None and all(s is kept_by for s, _ in failed)
                 bad[id(data)] = (step.error(mask), back, kept)
+        for data, (step, previous, node) in self.written.items():
+            if step.failed and id(data) not in bad and node.seq >= first:   # eager never wrote it
+                bad[id(data)] = (step.error(step.failed), previous if _updated_after(node, previous, first) else None,
+                                 False)
         for value in live:
             value.resolve()
             if value.data is not None and id(value.data) in bad:

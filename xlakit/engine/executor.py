@@ -95,7 +95,9 @@ class Engine:
         self.tensors: dict[int, LiveValue] = {}
         self._refs: dict[int, weakref.KeyedRef] = {}
         # called before each step marker (the frontend stamps tensor labels), and after one
-        # whose step the device could not run (the frontend gives host state back)
+        # whose step was dropped (the frontend gives host state back): `hook(stopped_at)`, with
+        # None where the device could not run it, else the recording order (Node.seq) of the
+        # op whose check failed, from which on eager ran nothing
         self.before_step: list = []
         self.step_dropped: list = []
         self.cache = cache
@@ -198,7 +200,7 @@ class Engine:
                     return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)
             except StepExecutionError:
                 for hook in self.step_dropped if full else ():
-                    hook()
+                    hook(None)
                 raise
             finally:
                 run.release()
@@ -312,7 +314,7 @@ class Engine:
                             timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
-            self._verify()
+            self._verify(own_step=full)
         else:
             self.ledger.read_oldest(self.live_values)
         if found is not None:
@@ -511,10 +513,14 @@ class Engine:
         except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
             raise _execution_error(e, graph) from e
 
-    def _verify(self) -> None:
+    def _verify(self, own_step: bool = False) -> None:
+        """Read the unread checks; `own_step`: right after the step marker's own execution, so
+        that a failure is its step's (the host state its recording changed is given back)."""
         if self.ledger.unread():
             error = self.ledger.verify(self.live_values)
             if error is not None:
+                for hook in self.step_dropped if own_step else ():
+                    hook(self.ledger.stopped_at)
                 raise error
 
     # -- counters -----------------------------------------------------------
