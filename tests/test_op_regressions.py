@@ -144,3 +144,46 @@ def test_weight_norm_backward_is_lowered(dev, shape, dim):
     assert_same(lazy_v.grad, v.grad, rtol=1e-5, atol=1e-6)
     assert_same(lazy_g.grad, g.grad, rtol=1e-5, atol=1e-6)
     assert xlakit.metrics()["fallbacks"] == 0
+
+
+def test_an_eager_fallback_keeps_the_conjugate_views_its_kernel_makes(dev):
+    # linalg_lstsq has no lowering; its CPU kernel squares the complex residuals as r * r.conj().
+    # Run from the lazy device's kernel, the dispatcher had excluded the Conjugate key, so conj()
+    # was read unconjugated: negative "residuals"
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 2, dtype=torch.complex64)
+    want = torch.linalg.lstsq(a, b, driver="gels")
+    got = torch.linalg.lstsq(a.to(dev), b.to(dev), driver="gels")
+    assert_same(got.solution, want.solution, rtol=1e-5, atol=1e-5)
+    assert_same(got.residuals, want.residuals, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_backward_of_a_bool_gradient_is_a_float_as_eagers():
+    torch.manual_seed(0)
+    grad, mask = torch.rand(5) > 0.3, torch.rand(5) > 0.5
+    want = aten.native_dropout_backward(grad, mask, 2.0)
+    assert_same(aten.native_dropout_backward(grad.to(xlakit.device()), mask.to(xlakit.device()), 2.0), want)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_uint8_images_resample_as_eagers_within_its_rounding(dev, mode, align_corners):
+    # weighed in uint8 itself every weight was 0: only the corners kept their pixels
+    torch.manual_seed(0)
+    image = torch.randint(0, 256, (2, 3, 7, 9), dtype=torch.uint8)
+    want = F.interpolate(image, size=(5, 12), mode=mode, align_corners=align_corners)
+    got = F.interpolate(image.to(dev), size=(5, 12), mode=mode, align_corners=align_corners).cpu()
+    assert got.dtype == torch.uint8
+    if mode == "bicubic":  # eager renormalizes at the border where its float kernel clamps: run eagerly
+        assert_same(got, want)
+        return
+    # eager weighs in fixed point: within 1 of the float answer rounded, as xlakit gives
+    assert (got.int() - want.int()).abs().max() <= 1
+
+
+def test_half_division_by_a_broadcast_tensor_rounds_once(dev):
+    # XLA rewrote a / broadcast(n) as a * (1 / n): two float16 roundings, 1 ulp off eager
+    torch.manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        a, n = torch.randn(64, 8).to(dtype), torch.rand(64, 1).to(dtype) + 0.5
+        assert_same(a.to(dev) / n.to(dev), a / n, rtol=0, atol=0)

@@ -29,10 +29,21 @@ def warn_once(op, reason: str, source) -> None:
     sources.warn(f"xlakit: {op} runs eagerly on CPU ({reason}){where}; this splits the graph.", source)
 
 
+# The keys that carry a tensor's lazy conjugate and negative bits (and zero tensors). Called
+# from the lazy device's kernel, the dispatcher excludes every key above it, these too: a CPU
+# kernel that makes a `conj()` view inside (linalg_lstsq's complex residuals) would read it
+# unconjugated. Eager torch never runs without them.
+_TENSOR_BITS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative, torch._C.DispatchKey.ZeroTensor)
+
+
 def run(op, args, kwargs):
     """Call `op` in eager torch on host arguments; the lazy device's names
     ("lazy", and "jax" in recorded templates) become the CPU."""
-    return op(*[_on_cpu(a) for a in args], **{k: _on_cpu(v) for k, v in kwargs.items()})
+    excluded = torch._C._dispatch_tls_local_exclude_set()
+    for key in _TENSOR_BITS:
+        excluded = excluded.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), excluded):
+        return op(*[_on_cpu(a) for a in args], **{k: _on_cpu(v) for k, v in kwargs.items()})
 
 
 def _on_cpu(value):

@@ -19,6 +19,8 @@ from jax import lax
 
 from ..core import checks
 from .dtypes import jax_dtype
+from .pointwise import common
+from .verdicts import NeedsEager
 from .registry import lowers
 
 _HALF = (jnp.float16, jnp.bfloat16)
@@ -591,7 +593,9 @@ def binary_cross_entropy_backward(grad_output, self, target, weight=None, reduct
 # -- dropout, glu ---------------------------------------------------------------------
 @lowers("aten::native_dropout_backward")
 def native_dropout_backward(grad_output, mask, scale):
-    return grad_output * mask.astype(grad_output.dtype) * jnp.asarray(scale, grad_output.dtype)
+    # eager's grad_output * mask * scale: a bool or integer gradient times the float scale is a float
+    grad_output, scale = common(grad_output, scale)
+    return grad_output * mask.astype(grad_output.dtype) * scale
 
 
 @lowers("aten::glu")
@@ -668,7 +672,14 @@ def _taps(kind, in_size, out_size, scale, align_corners, opmath):
 
 def _interpolate(x, nd, out_sizes, scales, kind, align_corners):
     opmath = np.float64 if x.dtype == jnp.float64 else np.float32
-    x = _acc(x)
+    dtype = x.dtype
+    # uint8 images: eager's kernel weighs in fixed point and rounds (within 1 of the float
+    # answer rounded to nearest, which this gives); weighed in uint8 itself, every weight is 0
+    integer = kind not in ("nearest", "nearest-exact") and not jnp.issubdtype(dtype, jnp.inexact)
+    if integer and kind == "cubic":
+        raise NeedsEager("eager's uint8 bicubic drops the taps past the border and renormalizes (its float "
+                         "kernel clamps them): up to 8 apart at the edges")
+    x = x.astype(jnp.float32) if integer else _acc(x)
     for i in reversed(range(nd)):
         axis = x.ndim - nd + i
         indices, weights = _taps(kind, x.shape[axis], int(out_sizes[i]), scales[i], align_corners, opmath)
@@ -682,6 +693,9 @@ def _interpolate(x, nd, out_sizes, scales, kind, align_corners):
             term = jnp.take(x, jnp.asarray(idx), axis=axis) * jnp.asarray(w, x.dtype).reshape(shape)
             result = term if result is None else result + term
         x = result
+    if integer:
+        info = jnp.iinfo(dtype)
+        return jnp.clip(jnp.round(x), info.min, info.max).astype(dtype)
     return x
 
 

@@ -206,6 +206,9 @@ def div(self, other, *, rounding_mode=None):
         return _div_trunc(self, other)
     if rounding_mode == "floor":
         return _div_floor(self, other)
+    # in float32 for half types, as eager's kernel: XLA turns a division by a broadcast
+    # divisor into a product with its reciprocal, which in float16 rounds twice (~1 ulp off)
+    self, other = opmath(self, other)
     return self / other
 
 
