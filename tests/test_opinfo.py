@@ -49,3 +49,46 @@ def test_singular_vectors_compare_up_to_a_sign_per_pair_only():
     assert opinfo._close(opinfo._align_singular_vectors(pair_flipped, want, "Vh"), want)
     u_only = (u * flip, s, vh)  # not a decomposition of a: must stay a mismatch
     assert not opinfo._close(opinfo._align_singular_vectors(u_only, want, "Vh"), want)
+
+
+def test_complex_singular_vectors_compare_up_to_a_phase_per_pair_only():
+    torch.manual_seed(0)
+    a = torch.randn(4, 3, dtype=torch.complex64)
+    want = torch.linalg.svd(a, full_matrices=False)
+    u, s, vh = want
+    phase = torch.polar(torch.ones(3), torch.tensor([0.5, -1.0, 2.0]))
+    pair_turned = (u * phase, s, vh * phase.conj()[:, None])  # still a valid SVD of a
+    torch.testing.assert_close(pair_turned[0] @ torch.diag(s).to(a.dtype) @ pair_turned[2], a, rtol=1e-4, atol=1e-5)
+    assert not opinfo._close(pair_turned, want)
+    assert opinfo._close(opinfo._align_singular_vectors(pair_turned, want, "Vh"), want)
+    u_only = (u * phase, s, vh)
+    assert not opinfo._close(opinfo._align_singular_vectors(u_only, want, "Vh"), want)
+
+
+def test_tied_indices_pass_only_where_they_pick_the_same_values():
+    x = torch.tensor([3, 1, 3, 2])
+    want = torch.sort(x)  # values [1, 2, 3, 3], indices [1, 3, 0, 2] or [1, 3, 2, 0]
+    other_tie = torch.return_types.sort((want.values, torch.tensor([1, 3, 2, 0])))
+    wrong = torch.return_types.sort((want.values, torch.tensor([1, 3, 0, 0])))  # not a permutation
+    assert opinfo._ties_agree("sort", x, (), {}, other_tie, want)
+    assert not opinfo._ties_agree("sort", x, (), {}, wrong, want)
+    assert not opinfo._ties_agree("sort", x, (), {"stable": True}, other_tie, want)
+    assert not opinfo._ties_agree("argsort", x, (), {}, torch.tensor([1, 0, 3, 2]), want.indices)
+    k = torch.kthvalue(x, 3)  # 3, at index 0 or 2
+    assert opinfo._ties_agree("kthvalue", x, (3,), {}, torch.return_types.kthvalue((k.values, torch.tensor(2))), k)
+    assert not opinfo._ties_agree("kthvalue", x, (3,), {}, torch.return_types.kthvalue((k.values, torch.tensor(1))), k)
+
+
+def test_a_half_result_passes_only_within_twice_eagers_own_spread():
+    reference = torch.tensor([0.3, 1.0, 100.0])
+    want = torch.tensor([0.2988, 1.0, 100.0]).half()  # eager's half kernel, 5 ulps off
+    other_side = torch.tensor([0.3010, 1.0, 100.0]).half()  # as far, on the other side
+    far = torch.tensor([0.2950, 1.0, 100.0]).half()
+    assert not opinfo._close(other_side, want)
+    assert opinfo._within_eager_spread(other_side, want, reference, torch.float16)
+    assert not opinfo._within_eager_spread(far, want, reference, torch.float16)
+    image = torch.tensor([8.5, 8.75, 3.2])
+    assert opinfo._within_eager_spread(torch.tensor([9, 9, 3], dtype=torch.uint8),
+                                       torch.tensor([8, 9, 3], dtype=torch.uint8), image, torch.uint8)
+    assert not opinfo._within_eager_spread(torch.tensor([0, 9, 3], dtype=torch.uint8),
+                                           torch.tensor([9, 9, 3], dtype=torch.uint8), image, torch.uint8)
