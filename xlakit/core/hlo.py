@@ -31,6 +31,8 @@ _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")  # "f32[8,4]" in "(f32[8,4]{1,
 _REFERENCE = re.compile(r"%([\w.\-]+)")             # an operand or a called computation
 _METADATA_FIELD = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|(\S+))')
 # what nests: a top-level comma ends an attribute; a string's brackets and commas do not count
+# input_output_alias's "{3}: (4, {}, may-alias)": output 3 is written into parameter 4's buffer
+_ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),")
 _NESTING = re.compile(r'[()\[\]{},]|"(?:[^"\\]|\\.)*"')
 _OPENING, _CLOSING = frozenset("([{"), frozenset(")]}")
 _MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")  # mesh['a'=2,'b'=4]: each axis, its size
@@ -109,6 +111,12 @@ class Module:
     attributes: Mapping[str, str]            # the header's: "input_output_alias", "entry_computation_layout", ...
     computations: Mapping[str, Computation]  # by name, in the text's order
     instructions: Mapping[str, Instruction]  # every computation's, by name (names are unique in a module)
+
+    @property
+    def output_aliases(self) -> dict[int, int]:
+        """Output index -> the parameter whose buffer XLA writes it into (donation); a lone output's index is {}."""
+        return {int(output or 0): int(parameter)
+                for output, parameter in _ALIAS.findall(self.attributes.get("input_output_alias", ""))}
 
 
 def parse(text: str | None) -> Module:
