@@ -30,9 +30,9 @@ _OPCODE = re.compile(r" ([\w\-]+)\(")
 _ARRAY = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")  # "f32[8,4]" in "(f32[8,4]{1,0}, s32[])"
 _REFERENCE = re.compile(r"%([\w.\-]+)")             # an operand or a called computation
 _METADATA_FIELD = re.compile(r'(\w+)=(?:"((?:[^"\\]|\\.)*)"|(\S+))')
-# what nests: a top-level comma ends an attribute; a string's brackets and commas do not count
 # input_output_alias's "{3}: (4, {}, may-alias)": output 3 is written into parameter 4's buffer
 _ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),")
+# what nests: a top-level comma ends an attribute; a string's brackets and commas do not count
 _NESTING = re.compile(r'[()\[\]{},]|"(?:[^"\\]|\\.)*"')
 _OPENING, _CLOSING = frozenset("([{"), frozenset(")]}")
 _MESH_AXIS = re.compile(r"'([^']+)'=(\d+)")  # mesh['a'=2,'b'=4]: each axis, its size

@@ -242,7 +242,7 @@ def short_op(op: str) -> str:
     return op.removeprefix("aten.").removesuffix(".default")
 
 
-def _hlo_lines(text: str) -> dict[str, str]:
+def _hlo_lines(text: str | None) -> dict[str, str]:
     """Instruction name -> its line without metadata, and the fusion it is in."""
     instructions = parse_hlo(text).instructions.values()
     caller = {called: i.name for i in instructions for called in i.called("calls")}  # a fusion's body -> the fusion

@@ -185,7 +185,7 @@ def _roofline(p: ProfileInfo) -> str:
             "no peak FLOP/s or bandwidth for the device, so no roof is drawn.</div>" + "".join(out))
 
 
-def _hlo_lines(text: str) -> dict[str, str]:
+def _hlo_lines(text: str | None) -> dict[str, str]:
     """Each instruction's line of the optimized HLO, its metadata left out."""
     return {i.name: f"{'ROOT ' if i.root else ''}%{i.name} = {i.definition}"
             for i in hlo.parse(text).instructions.values()}
