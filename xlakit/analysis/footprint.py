@@ -8,7 +8,7 @@ import re
 
 import torch
 
-from ..core import sources
+from ..core import hlo, sources
 from ..core.ir import dtype_name
 from ..core.record import StepRecord
 
@@ -17,9 +17,6 @@ _AVAL = re.compile(r"^(\w+)\[([\d,\s]*)\]")
 # each dtype by its short name ("f8e4m3fn", as HLO writes it) and by torch's ("float8_e4m3fn")
 _ITEMSIZE = {name: d.itemsize for d in vars(torch).values() if isinstance(d, torch.dtype)
              for name in (dtype_name(d), str(d).removeprefix("torch."))}
-# the HLO module's header: `input_output_alias={ {3}: (4, {}, may-alias), ... }`
-_ALIAS_MAP = re.compile(r"input_output_alias=\{(.*?)\}\s*,\s*\w+=")
-_ALIAS = re.compile(r"\{(\d*)\}:\s*\((\d+),")
 
 
 def aval_shape(aval: str | None) -> tuple[int, ...] | None:
@@ -38,14 +35,10 @@ def aval_bytes(aval: str | None) -> int | None:
     return _ITEMSIZE[match.group(1)] * math.prod(shape)
 
 
-def output_aliases(hlo: str | None) -> dict[int, int]:
+def output_aliases(text: str | None) -> dict[int, int]:
     """Output index -> the input whose buffer XLA writes it into (donation),
     from the optimized HLO's alias map. Empty when nothing is aliased or unknown."""
-    header = (hlo or "").split("\n", 1)[0]
-    match = _ALIAS_MAP.search(header)
-    if match is None:
-        return {}
-    return {int(out or 0): int(param) for out, param in _ALIAS.findall(match.group(1))}
+    return hlo.parse(text).output_aliases
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,11 +11,9 @@ FLOPs), and from them to their modules and user lines. An instruction no node ma
 """
 from __future__ import annotations
 
-import math
-import re
 from collections import defaultdict
 
-from ..core import sources
+from ..core import hlo, sources
 from ..core.record import GraphInfo, ProfiledOp, ProfileInfo, StepRecord
 from .flops import node_flops
 from .footprint import aval_bytes
@@ -23,15 +21,6 @@ from .footprint import aval_bytes
 TOP_LEVEL = "(top level)"
 XLA_OWN = "(XLA's own)"
 
-_COMPUTATION = re.compile(r"(?:ENTRY )?%([\w.\-]+) .*\{$")
-_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = ((?:\([^=]*?\))|\S+) ([\w\-]+)\(([^)]*)\)(.*)$")
-_CALLED = re.compile(r"(?:calls|body|condition|to_apply)=%([\w.\-]+)")
-_BRANCHES = re.compile(r"branch_computations=\{([^}]*)\}")
-_OPERAND = re.compile(r"%([\w.\-]+)")
-_INPUT = re.compile(r'op_name="params\[(\d+)\]"')
-_SHAPE = re.compile(r"\b([a-z]+\d*)\[([\d,]*)\]")
-_ITEMSIZE = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-             "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
 # what XLA's own instructions are, by opcode
 _OWN = {"copy": "a layout copy XLA added", "copy-start": "an asynchronous copy XLA added",
         "copy-done": "an asynchronous copy XLA added", "tuple": "XLA's tuple of the outputs",
@@ -39,52 +28,17 @@ _OWN = {"copy": "a layout copy XLA added", "copy-start": "an asynchronous copy X
         "parameter": "an input", "constant": "a constant"}
 
 
-class _Instruction:
-    __slots__ = ("name", "opcode", "result_bytes", "operands", "input", "called")
-
-    def __init__(self, name: str, shape: str, opcode: str, operands: str, rest: str):
-        self.name, self.opcode = name, opcode
-        self.result_bytes = _shape_bytes(shape)
-        self.operands = _OPERAND.findall(operands)
-        # a parameter's input: the argument its metadata names (JAX leaves unused ones out of the numbering)
-        named = _INPUT.search(rest)
-        self.input = int(named.group(1)) if named else int(operands) if opcode == "parameter" and \
-            operands.strip().isdigit() else None
-        self.called = _CALLED.findall(rest) + [c.strip().lstrip("%") for group in _BRANCHES.findall(rest)
-                                               for c in group.split(",") if c.strip()]
-
-
-def _shape_bytes(shape: str) -> int:
-    return sum(_ITEMSIZE.get(dtype, 1) * math.prod(int(d) for d in dims.split(",") if d)
-               for dtype, dims in _SHAPE.findall(shape))
-
-
-def _parse(hlo: str) -> tuple[dict[str, _Instruction], dict[str, list[str]]]:
-    """(every instruction by name, each computation's instruction names)."""
-    instructions, computations, current = {}, defaultdict(list), ""
-    for line in hlo.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            current = header.group(1)
-            continue
-        match = _INSTRUCTION.match(line)
-        if match:
-            instruction = _Instruction(*match.groups())
-            instructions[instruction.name] = instruction
-            computations[current].append(instruction.name)
-    return instructions, computations
-
-
-def _inside(name: str, instructions, computations) -> list[str]:
+def _inside(name: str, module: hlo.Module) -> list[str]:
     """`name` and every instruction of the computations it calls, transitively."""
     found, stack, seen = [name], [name], set()
     while stack:
-        instruction = instructions.get(stack.pop())
-        for computation in instruction.called if instruction else ():
-            if computation not in seen:
+        instruction = module.instructions.get(stack.pop())
+        for computation in instruction.called() if instruction else ():
+            if computation not in seen and computation in module.computations:
                 seen.add(computation)
-                found.extend(computations[computation])
-                stack.extend(computations[computation])
+                names = [inner.name for inner in module.computations[computation].instructions]
+                found.extend(names)
+                stack.extend(names)
     return found
 
 
@@ -93,13 +47,12 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
     """The ProfileInfo of `record`'s executable from `seconds`, each HLO instruction's measured
     time in one run (the median of `runs`)."""
     graph = record.graph
-    instructions, computations = _parse(record.hlo or "")
+    module = hlo.parse(record.hlo)
     made_by = defaultdict(list)  # HLO instruction -> the nodes it came from
     for index, node in enumerate(graph.nodes):
         for name in node.hlo_ops:
             made_by[name].append(index)
-    nodes_of = {op: sorted({n for inner in _inside(op, instructions, computations) for n in made_by.get(inner, ())})
-                for op in seconds}
+    nodes_of = {op: sorted({n for inner in _inside(op, module) for n in made_by.get(inner, ())}) for op in seconds}
     # a node that became several timed instructions shares its FLOPs among them
     spread = defaultdict(int)
     for nodes in nodes_of.values():
@@ -109,7 +62,7 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
     ops, by_module, by_line = [], defaultdict(float), defaultdict(float)
     for op, time in sorted(seconds.items(), key=lambda item: -item[1]):
         nodes = nodes_of[op]
-        instruction = instructions.get(op)
+        instruction = module.instructions.get(op)
         opcode = instruction.opcode if instruction else ""
         shares = _shares(graph, nodes)
         for n, share in zip(nodes, shares):
@@ -124,8 +77,8 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
             hlo_op=op, seconds=time, nodes=tuple(nodes), module=main.module if main else "",
             source=main.source if main else None,
             flops=sum(node_flops(graph, graph.nodes[n]) / spread[n] for n in nodes),
-            bytes=float(_bytes(instruction, instructions)), opcode=opcode, split=len(nodes) > 1,
-            xla_own="" if nodes else _own(instruction, instructions, graph)))
+            bytes=float(_bytes(instruction, module)), opcode=opcode, split=len(nodes) > 1,
+            xla_own="" if nodes else _own(instruction, module, graph)))
     op_seconds = sum(seconds.values())
     attributed = sum(op.seconds for op in ops if op.nodes)
     return ProfileInfo(device_seconds=device_seconds, op_seconds=op_seconds, ops=tuple(ops),
@@ -135,17 +88,25 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
                        overhead_seconds=overhead_seconds, platform=platform)
 
 
-def _own(instruction: _Instruction | None, instructions, graph: GraphInfo) -> str:
+def _own(instruction: hlo.Instruction | None, module: hlo.Module, graph: GraphInfo) -> str:
     """What an instruction no node made is: a copy of which input, a tuple, ..."""
     if instruction is None:
         return "an instruction XLA made, from no recorded op"
     if instruction.opcode == "copy" and instruction.operands:
-        source = instructions.get(instruction.operands[0])
-        if source is not None and source.opcode == "parameter" and source.input is not None:
-            index = source.input
+        source = module.instructions.get(instruction.operands[0])
+        index = None if source is None or source.opcode != "parameter" else _input(source)
+        if index is not None:
             label = graph.params[index].label if index < len(graph.params) else None
             return f"a copy XLA made of input {index}" + (f" ({label})" if label else "")
     return _OWN.get(instruction.opcode, f"{instruction.opcode} XLA made, from no recorded op")
+
+
+def _input(parameter: hlo.Instruction) -> int | None:
+    """A parameter's input: the argument its metadata names (JAX leaves unused ones out of the numbering)."""
+    named = parameter.op_name or ""
+    if named.startswith("params[") and named.endswith("]") and named[7:-1].isdecimal():  # "params[3]"
+        return int(named[7:-1])
+    return int(parameter.arguments) if parameter.arguments.strip().isdigit() else None
 
 
 def _shares(graph: GraphInfo, nodes: list[int]) -> list[float]:
@@ -158,9 +119,9 @@ def _shares(graph: GraphInfo, nodes: list[int]) -> list[float]:
     return [1 / len(nodes)] * len(nodes) if nodes else []
 
 
-def _bytes(instruction: _Instruction | None, instructions) -> int:
+def _bytes(instruction: hlo.Instruction | None, module: hlo.Module) -> int:
     """Bytes an instruction reads and writes: its operands' results and its own."""
     if instruction is None:
         return 0
-    return instruction.result_bytes + sum(instructions[o].result_bytes for o in instruction.operands
-                                          if o in instructions)
+    return instruction.nbytes + sum(module.instructions[o].nbytes for o in instruction.operands
+                                    if o in module.instructions)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import re
 import statistics
 import tempfile
 import threading
@@ -25,10 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from ..analysis import profile as join
-from ..core import sources
+from ..core import hlo, sources
 from ..core.record import StepRecord
-
-_MODULE = re.compile(r"HloModule ([\w.\-]+)")
 
 
 class ProfilingWarning(UserWarning):
@@ -69,13 +66,12 @@ class Profiling:
         entry, inputs, donated = self._kept
         self._kept = None
         t0 = time.perf_counter()
-        module = _MODULE.match(entry.hlo or "")
         try:
             events = _trace(entry.compiled, inputs, donated, self.runs)
         except Exception as error:  # noqa: BLE001 - reported; the step itself ran
             _not_profiled(str(error))
             return None
-        seconds, device_seconds = _per_run(events, module.group(1) if module else None, self.runs)
+        seconds, device_seconds = _per_run(events, hlo.parse(entry.hlo).name or None, self.runs)
         measured = join.join(record, seconds, device_seconds=device_seconds, runs=self.runs,
                              overhead_seconds=self._copy_seconds + time.perf_counter() - t0,
                              platform=jax.default_backend())

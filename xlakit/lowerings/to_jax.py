@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import torch
 
 from .. import lowerings
-from ..core import checks, sharding, sources
+from ..core import checks, hlo, sharding, sources
 from ..core.ir import Aval, Graph, Node, Slot, digest, fill
 from ..core.state import PROCESS
 from . import numerics, registry
@@ -124,26 +124,24 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
     return (*roots, *extra)
 
 
-_INSTRUCTION = re.compile(r'\s*(?:ROOT )?%([\w.\-]+) = .*metadata=\{op_name="[^"]*?/%(\d+) ')
-_REDUCER = re.compile(r"to_apply=%([\w.\-]+)")
-_COMPUTATION = re.compile(r"(?:ENTRY )?%([\w.\-]+) .*\{$")
+# the scope _replay names a node by, as it ends up in an instruction's op_name: "jit(_replay)/%12 aten.mm.default/dot"
+_NODE_SCOPE = re.compile(r"/%(\d+) ")
 
 
-def hlo_ops(hlo: str) -> dict[int, tuple[str, ...]]:
+def hlo_ops(text: str) -> dict[int, tuple[str, ...]]:
     """Node index -> the names of the optimized HLO instructions it became
     (fusions, and the instructions fused into them), read from the node scopes
     in their metadata. Parameters and the bodies of reductions are left out."""
-    reducers = set(_REDUCER.findall(hlo))
+    module = hlo.parse(text)
+    reducers = {name for instruction in module.instructions.values() for name in instruction.called("to_apply")}
     found: dict[int, list[str]] = {}
-    skipping = False
-    for line in hlo.splitlines():
-        header = _COMPUTATION.match(line)
-        if header:
-            skipping = header.group(1) in reducers
+    for computation in module.computations.values():
+        if computation.name in reducers:
             continue
-        match = None if skipping or " parameter(" in line else _INSTRUCTION.match(line)
-        if match:
-            found.setdefault(int(match.group(2)), []).append(match.group(1))
+        for instruction in computation.instructions:
+            scope = None if instruction.opcode == "parameter" else _NODE_SCOPE.search(instruction.op_name or "")
+            if scope:
+                found.setdefault(int(scope.group(1)), []).append(instruction.name)
     return {index: tuple(names) for index, names in found.items()}
 
 

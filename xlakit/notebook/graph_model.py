@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import heapq
-import re
 from collections import defaultdict
 
 from ..core import sources
+from ..core.hlo import parse as parse_hlo  # build() has an `hlo` argument
 from ..core.record import GraphInfo, Output, StepRecord, Trigger
 from ..core.state import PROCESS, Last
 
@@ -83,7 +83,7 @@ def build(graph: GraphInfo, changed: set[int] = frozenset(), cut: set[int] = fro
     """The view of `graph`: `changed` are node numbers to mark as changed, `cut`
     the nodes where the graph was split (besides NodeInfo.split), `hlo` the
     executable's optimized HLO text."""
-    hlo_lines = _hlo_lines(hlo or "")
+    hlo_lines = _hlo_lines(hlo)
     roots = {r.node for r in graph.roots}
     first_reader: dict[int, int] = {}
     for i, node in enumerate(graph.nodes):
@@ -242,27 +242,15 @@ def short_op(op: str) -> str:
     return op.removeprefix("aten.").removesuffix(".default")
 
 
-_HLO_LINE = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*?)(?:, metadata=\{.*\})?$")
-_CALLS = re.compile(r"calls=%([\w.\-]+)")
-
-
-def _hlo_lines(hlo: str) -> dict[str, str]:
+def _hlo_lines(text: str | None) -> dict[str, str]:
     """Instruction name -> its line without metadata, and the fusion it is in."""
-    lines, computation_of, caller = {}, {}, {}
-    computation = ""
-    for line in hlo.splitlines():
-        if line.endswith("{") and not line.startswith(" "):
-            computation = line.removeprefix("ENTRY ").split(" ", 1)[0].lstrip("%")
-            continue
-        match = _HLO_LINE.match(line)
-        if match:
-            name = match.group(1)
-            lines[name] = f"{name} = {match.group(2)}"[:160]
-            computation_of[name] = computation
-            for called in _CALLS.findall(line):
-                caller[called] = name
-    return {name: text + (f"  (in {caller[computation_of[name]]})" if computation_of[name] in caller else "")
-            for name, text in lines.items()}
+    instructions = parse_hlo(text).instructions.values()
+    caller = {called: i.name for i in instructions for called in i.called("calls")}  # a fusion's body -> the fusion
+    lines = {}
+    for i in instructions:
+        fusion = f"  (in {caller[i.computation]})" if i.computation in caller else ""
+        lines[i.name] = f"{i.name} = {i.definition}"[:160] + fusion
+    return lines
 
 
 # a step with this trigger computed only what one line asked for: the graph is cut at its outputs

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
-import re
 
 from ..analysis.footprint import short_op
-from ..core import sources
+from ..core import hlo, sources
 from ..core.record import ProfileInfo, StepRecord
 from .units import human_bytes, human_flops
 
@@ -115,7 +114,7 @@ def _lines(p: ProfileInfo) -> str:
 
 
 def _ops(record: StepRecord, p: ProfileInfo) -> str:
-    hlo_lines = _hlo_lines(record.hlo or "")
+    hlo_lines = _hlo_lines(record.hlo)
     head = ("<tr><th>HLO op</th><th>time</th><th>share</th><th>nodes</th><th>module</th><th>line</th>"
             "<th>FLOPs (est.)</th><th>bytes</th><th>FLOP/s</th><th>B/s</th></tr>")
     rows = []
@@ -186,17 +185,10 @@ def _roofline(p: ProfileInfo) -> str:
             "no peak FLOP/s or bandwidth for the device, so no roof is drawn.</div>" + "".join(out))
 
 
-_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = ")
-
-
-def _hlo_lines(hlo: str) -> dict[str, str]:
+def _hlo_lines(text: str | None) -> dict[str, str]:
     """Each instruction's line of the optimized HLO, its metadata left out."""
-    found = {}
-    for line in hlo.splitlines():
-        match = _INSTRUCTION.match(line)
-        if match:
-            found[match.group(1)] = line.strip().split(", metadata=")[0]
-    return found
+    return {i.name: f"{'ROOT ' if i.root else ''}%{i.name} = {i.definition}"
+            for i in hlo.parse(text).instructions.values()}
 
 
 def _bar(part: float, total: float) -> str:
