@@ -1,8 +1,6 @@
 """Displayable objects: plain text, static HTML and (where ipywidgets runs) a tabbed widget."""
 from __future__ import annotations
 
-import collections
-
 from ..core.record import StepRecord
 from . import render
 
@@ -26,7 +24,6 @@ class Displayed:
         except ImportError:  # no ipywidgets: the static HTML stands alone
             display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
             return
-        _opened(widget)
         marker = f"xlakit-widget-{widget.model_id}"
         widget.add_class(marker)
         # where the widget cannot render (no state, no frontend) its output is empty: the next one shows the view
@@ -44,43 +41,6 @@ def _hidden_once_drawn(marker: str, page: str) -> str:
         f".jp-OutputArea-child:has(>.jp-OutputArea-output>.{box})", f".output_area:has(>.output_subarea>.{box})",
         f".{box}"))
     return f'<div class="{box}"><style>{rule}{{display:none}}</style>{page}</div>'
-
-
-# A widget holds its state (and a comm) in the kernel until it is closed. The newest OPEN_LIMIT
-# displays stay open, and a cell's displays close when that cell runs again (its frontend cleared
-# them): a closed widget's copy on a page stops working.
-OPEN_LIMIT = 30
-_OPEN: collections.deque[tuple[str | None, object]] = collections.deque()  # (cell id, widget), oldest first
-_running_cell: str | None = None  # the frontend's id of the cell now running, where it sends one
-
-
-def _opened(widget) -> None:
-    _OPEN.append((_running_cell, widget))
-    while len(_OPEN) > OPEN_LIMIT:
-        _close(_OPEN.popleft()[1])
-
-
-def cell_started(info) -> None:
-    """IPython's pre_run_cell event: close what this cell showed when it ran before."""
-    global _running_cell
-    _running_cell = getattr(info, "cell_id", None)  # IPython 7 (Colab's) may not have it
-    if _running_cell is None:
-        return
-    for entry in [e for e in _OPEN if e[0] == _running_cell]:
-        _OPEN.remove(entry)
-        _close(entry[1])
-
-
-def _close(widget) -> None:
-    """Close `widget` and the widgets it holds (children, layout, style)."""
-    import ipywidgets
-
-    for name in widget.keys:
-        value = getattr(widget, name)
-        for held in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(held, ipywidgets.Widget):
-                _close(held)
-    widget.close()
 
 
 def _widget_bundle(widget) -> tuple[dict, dict]:
