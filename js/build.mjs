@@ -1,5 +1,6 @@
-// Builds src/ into ../xlakit/notebook/static/graph.js (or the path given), one ES module with its
-// libraries (dagre, d3-zoom) inside: notebooks have no internet to fetch them.
+// Builds src/ into ../xlakit/notebook/static/graph.js (or the path given), one ES module for both
+// widgets (the step view and the graph) with its libraries (dagre, d3-zoom) inside: notebooks have
+// no internet to fetch them.
 // The banner's digest covers src/, this file and the package files, so a test can tell,
 // without node, that the committed bundle was built from the committed sources
 // (tests/test_graph_view.py recomputes it, and rebuilds where node is installed).
@@ -30,12 +31,12 @@ const minifiedCss = {
 };
 
 await build({
-  entryPoints: ["src/graph.js"],
+  entryPoints: ["src/widgets.js"],
   outfile: process.argv[2] ?? "../xlakit/notebook/static/graph.js",
   bundle: true,
   format: "esm",
   minify: true,
   legalComments: "eof",
   plugins: [minifiedCss],
-  banner: { js: `// xlakit graph widget: built by js/build.mjs from js/src; sources digest ${sourcesDigest()}` },
+  banner: { js: `// xlakit widgets: built by js/build.mjs from js/src; sources digest ${sourcesDigest()}` },
 });

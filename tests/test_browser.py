@@ -5,7 +5,7 @@ JupyterLab runs notebooks/01_quickstart.ipynb and shows its step views (graph,
 key table, donation table naming a parameter): docs/quickstart.png, which the
 README shows. Both frontends run a small Llama's training steps and use the
 interactive graph: open a closed module group and close it again, search, and
-click a node for its details; a screenshot of each. The screenshots go to
+click a node for its details (a screenshot of each); then the step view's tabs. The screenshots go to
 docs/ only under `make screenshots` (XLAKIT_SCREENSHOTS=docs): a test run
 leaves the tree as it found it.
 """
@@ -201,18 +201,18 @@ def test_quickstart_renders_the_step_widget(server, notebooks, page, shots):
     widgets_drawn(page, 3)
     shown_once(page, 3)
     assert page.locator(".xlakit-graph-widget g.xlakit-node").count() > 10
-    key_text = page.locator(".widget-tab table.xlakit-key").last.inner_text()
+    key_text = page.locator(".xlakit-step-view table.xlakit-key").last.inner_text()
     for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
         assert component in key_text
-    page.locator(".lm-TabBar-tabLabel", has_text="Donation").last.click()
-    donation = page.locator(".widget-tab table.xlakit-donation").last
+    page.locator(".xlakit-step-view [role=tab]", has_text="Donation").last.click()
+    donation = page.locator(".xlakit-step-view table.xlakit-donation").last
     donation.wait_for(state="visible", timeout=10_000)
     # its rows can come a moment after the table under load (seen once in a full run): wait for them
-    page.wait_for_function("[...document.querySelectorAll('.widget-tab table.xlakit-donation')].pop()"
+    page.wait_for_function("[...document.querySelectorAll('.xlakit-step-view table.xlakit-donation')].pop()"
                            "?.innerText.includes('transformer.wte.weight')", timeout=10_000)
     assert "transformer.wte.weight" in donation.inner_text()
     no_errors_shown(page)
-    page.locator(".lm-TabBar-tabLabel", has_text="Graph").last.click()
+    page.locator(".xlakit-step-view [role=tab]", has_text="Graph").last.click()
     page.locator(".xlakit-graph-widget").last.scroll_into_view_if_needed()
     page.screenshot(path=str(shots / "quickstart.png"))
 
@@ -284,6 +284,32 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
         assert row in details, details
     assert widget.locator("g.xlakit-node.selected").count() == 1
     output.screenshot(path=str(shots / f"graph_{frontend}_details.png"))
+    tabs_switch(widget.locator("xpath=ancestor::*[contains(@class, 'xlakit-step-view')]"))
+
+
+def tabs_switch(view) -> None:
+    """The step view's tabs, in the sections' order, one selected: the arrow keys, Home and a
+    click select another and show its panel alone; the graph is kept, not drawn again."""
+    tabs, panels = view.locator("[role=tablist] > [role=tab]"), view.locator("[role=tabpanel]")
+    assert tabs.all_inner_texts()[:7] == ["Graph", "Key", "Why", "Donation", "Cache and time", "Memory", "Cost"]
+    assert panels.count() == tabs.count()
+
+    def selected() -> str:
+        assert view.locator("[role=tab][aria-selected=true]").count() == 1
+        shown = view.locator("[role=tabpanel]:not([hidden])")
+        assert shown.count() == 1
+        assert shown.get_attribute("aria-labelledby") == view.locator("[aria-selected=true]").get_attribute("id")
+        return view.locator("[role=tab][aria-selected=true]").inner_text()
+
+    assert selected() == "Graph"
+    tabs.first.focus()
+    tabs.first.press("ArrowRight")
+    assert selected() == "Key" and view.locator("table.xlakit-key").is_visible()
+    assert not view.locator(".xlakit-graph-widget").is_visible()
+    view.locator("[role=tab]", has_text="Donation").click()
+    assert selected() == "Donation" and view.locator("[role=tabpanel]:not([hidden]) h4").inner_text() == "Donation"
+    view.locator("[role=tab][aria-selected=true]").press("Home")
+    assert selected() == "Graph" and view.locator(".xlakit-graph-widget g.xlakit-node.selected").count() == 1
 
 
 def test_a_break_row_of_explain_opens_on_its_source_and_the_graphs_beside_it(server, notebooks, page, shots):

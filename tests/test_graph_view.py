@@ -141,16 +141,15 @@ def test_the_widget_gets_the_view_as_plain_data(dev):
     assert mm["module"].startswith("backward.") and mm["hlo"] and mm["user"].startswith("test_graph_view.py:")
     assert any(i.get("changed") for i in nodes)  # the second step has the momentum buffers
     assert sum(bool(i.get("donated")) for i in data["items"]) == len(record.donated)
-    widget = graph_widget.GraphWidget(data=data)
-    assert widget.data["items"] == data["items"] and Path(graph_widget.BUNDLE).is_file()
+    widget = graph_widget.GraphWidget(graph=data)
+    assert widget.graph["items"] == data["items"] and Path(graph_widget.BUNDLE).is_file()
 
 
 def test_the_step_widget_has_the_interactive_graph_in_its_graph_tab(dev):
-    record = mlp_steps(dev, steps=1)[-1]
-    box = views.StepView(record, "cell").widget()
-    tab = box.children[1]
-    assert isinstance(tab.children[0], graph_widget.GraphWidget)
-    assert tab.children[0].data["items"]
+    records = mlp_steps(dev)
+    widget = views.StepView(records[-1], "cell", records[0]).widget()
+    assert widget.sections[0] == ["Graph", None]  # its tab draws `graph`, not the static SVG
+    assert widget.graph == graph_widget.to_json(graph_model.of_record(records[-1], records[0]))
 
 
 def _sources_digest(js: Path) -> str:

@@ -1,9 +1,9 @@
-// The step view's interactive graph: an anywidget view of the graph data
-// xlakit/notebook/graph_widget.py sends (inputs and nodes in a tree of module
-// groups). Each open group is laid out by dagre on its own, its open subgroups
-// as boxes of their own layout's size, the way Model Explorer and TensorBoard
-// draw nested graphs: opening or closing a group lays out only it and the
-// groups around it, so graphs of thousands of nodes stay quick.
+// The interactive graph of the data xlakit/notebook/graph_widget.py makes
+// (inputs and nodes in a tree of module groups). Each open group is laid out
+// by dagre on its own, its open subgroups as boxes of their own layout's size,
+// the way Model Explorer and TensorBoard draw nested graphs: opening or
+// closing a group lays out only it and the groups around it, so graphs of
+// thousands of nodes stay quick.
 import { Graph, layout } from "@dagrejs/dagre";
 import { select } from "d3-selection";
 import { zoom, zoomIdentity, zoomTransform } from "d3-zoom";
@@ -385,11 +385,10 @@ class GraphView {
   }
 }
 
-function render({ model, el }) {
-  const view = new GraphView(el, model.get("data"));
-  const update = () => view.setData(model.get("data"));
-  model.on("change:data", update);
-  return () => { model.off("change:data", update); view.resize.disconnect(); };
+// Draws the model's `graph` in `el`: the graph widget's whole view, and the step view's Graph tab.
+export function renderGraph({ model, el }) {
+  const view = new GraphView(el, model.get("graph"));
+  const update = () => view.setData(model.get("graph"));
+  model.on("change:graph", update);
+  return () => { model.off("change:graph", update); view.resize.disconnect(); };
 }
-
-export default { render };

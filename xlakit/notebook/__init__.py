@@ -9,8 +9,6 @@ from __future__ import annotations
 
 
 def load_ipython_extension(ipython) -> None:
-    from . import views
     from .magics import XlaMagics
 
     ipython.register_magics(XlaMagics)
-    ipython.events.register("pre_run_cell", views.cell_started)

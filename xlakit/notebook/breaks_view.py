@@ -185,7 +185,7 @@ def _svg(svgs: dict, g: FxGraph, which: str | None) -> str:
 def _graph_widget(graph: GraphInfo):
     from . import graph_widget
 
-    return graph_widget.GraphWidget(data=graph_widget.to_json(graph_model.build(graph)))
+    return graph_widget.GraphWidget(graph=graph_widget.to_json(graph_model.build(graph)))
 
 
 def _html(body: str, style: bool = False):

@@ -1,6 +1,7 @@
 """The interactive graph: an anywidget widget (JupyterLab, Notebook 7, VS Code,
 Colab) that draws a GraphView sent as plain data; the JavaScript, built from
-js/src with its layout library (dagre) inside, is xlakit/notebook/static/graph.js."""
+js/src with its layout library (dagre) inside, is xlakit/notebook/static/graph.js,
+which draws the step view's widget (step_widget.py) too."""
 from __future__ import annotations
 
 import pathlib
@@ -8,15 +9,14 @@ import pathlib
 import anywidget
 import traitlets
 
-from ..core.record import StepRecord
-from .graph_model import GraphView, of_record
+from .graph_model import GraphView
 
 BUNDLE = pathlib.Path(__file__).parent / "static" / "graph.js"
 
 
 class GraphWidget(anywidget.AnyWidget):
     _esm = BUNDLE
-    data = traitlets.Dict().tag(sync=True)
+    graph = traitlets.Dict().tag(sync=True)  # to_json's
 
 
 def to_json(view: GraphView) -> dict:
@@ -33,7 +33,3 @@ def to_json(view: GraphView) -> dict:
                    for g in view.groups],
         "expanded": sorted(view.expanded),
     }
-
-
-def step_widget(record: StepRecord, previous: StepRecord | None = None) -> GraphWidget:
-    return GraphWidget(data=to_json(of_record(record, previous)))

@@ -1,8 +1,6 @@
 """Displayable objects: plain text, static HTML and (where ipywidgets runs) a tabbed widget."""
 from __future__ import annotations
 
-import collections
-
 from ..core.record import StepRecord
 from . import render
 
@@ -26,11 +24,11 @@ class Displayed:
         except ImportError:  # no ipywidgets: the static HTML stands alone
             display({"text/plain": repr(self), "text/html": self._repr_html_()}, raw=True)
             return
-        _opened(widget)
         marker = f"xlakit-widget-{widget.model_id}"
         widget.add_class(marker)
         # where the widget cannot render (no state, no frontend) its output is empty: the next one shows the view
-        display({**{k: v for k, v in _widget_bundle(widget).items() if k != "text/plain"}, "text/html": ""},
+        data, metadata = _widget_bundle(widget)
+        display({**{k: v for k, v in data.items() if k != "text/plain"}, "text/html": ""}, metadata=metadata,
                 raw=True)
         display({"text/plain": repr(self), "text/html": _hidden_once_drawn(marker, self._repr_html_())}, raw=True)
 
@@ -45,50 +43,15 @@ def _hidden_once_drawn(marker: str, page: str) -> str:
     return f'<div class="{box}"><style>{rule}{{display:none}}</style>{page}</div>'
 
 
-# A widget holds its state (and a comm) in the kernel until it is closed, some 27 of them per
-# step view. The newest OPEN_LIMIT displays stay open, and a cell's displays close when that cell
-# runs again (its frontend cleared them): a closed widget's copy on a page stops working.
-OPEN_LIMIT = 30
-_OPEN: collections.deque[tuple[str | None, object]] = collections.deque()  # (cell id, widget), oldest first
-_running_cell: str | None = None  # the frontend's id of the cell now running, where it sends one
-
-
-def _opened(widget) -> None:
-    _OPEN.append((_running_cell, widget))
-    while len(_OPEN) > OPEN_LIMIT:
-        _close(_OPEN.popleft()[1])
-
-
-def cell_started(info) -> None:
-    """IPython's pre_run_cell event: close what this cell showed when it ran before."""
-    global _running_cell
-    _running_cell = getattr(info, "cell_id", None)  # IPython 7 (Colab's) may not have it
-    if _running_cell is None:
-        return
-    for entry in [e for e in _OPEN if e[0] == _running_cell]:
-        _OPEN.remove(entry)
-        _close(entry[1])
-
-
-def _close(widget) -> None:
-    """Close `widget` and the widgets it holds (children, layout, style)."""
-    import ipywidgets
-
-    for name in widget.keys:
-        value = getattr(widget, name)
-        for held in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(held, ipywidgets.Widget):
-                _close(held)
-    widget.close()
-
-
-def _widget_bundle(widget) -> dict:
-    """A widget's display data: ipywidgets 8 gives it; ipywidgets 7 (Colab's 7.7.1)
-    displays itself instead, with this widget-view entry."""
-    if hasattr(widget, "_repr_mimebundle_"):
-        return widget._repr_mimebundle_()
-    return {"application/vnd.jupyter.widget-view+json":
-            {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}
+def _widget_bundle(widget) -> tuple[dict, dict]:
+    """A widget's display data and metadata: an anywidget widget gives both (on Colab the
+    metadata names its widget manager), another of ipywidgets 8 the data; ipywidgets 7's
+    (Colab's 7.7.1) display themselves instead, with this widget-view entry."""
+    if not hasattr(widget, "_repr_mimebundle_"):
+        return {"application/vnd.jupyter.widget-view+json":
+                {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}}, {}
+    bundle = widget._repr_mimebundle_()
+    return bundle if isinstance(bundle, tuple) else (bundle, {})
 
 
 class StepView(Displayed):
@@ -103,21 +66,9 @@ class StepView(Displayed):
         return render.html_view(self.record, self.name, self.previous, self.hlo)
 
     def widget(self):
-        """Tabs (Graph, Key, Why, Donation, Cache and time, Memory, Cost[, Profile][, HLO]) under a one-line header."""
-        import ipywidgets
+        from . import step_widget
 
-        from . import graph_widget
-
-        sections = render.sections_html(self.record, self.previous, self.hlo)
-        tabs = ipywidgets.Tab(children=[graph_widget.step_widget(self.record, self.previous) if title == "Graph"
-                                        else ipywidgets.HTML(render.STYLE + f'<div class="xlakit-step">{body}</div>')
-                                        for title, body in sections],
-                              titles=[title for title, _ in sections])
-        for i, (title, _) in enumerate(sections):  # ipywidgets 7 (Colab's) ignores `titles`
-            tabs.set_title(i, title)
-        header = ipywidgets.HTML(render._header_html(self.record, self.name))
-        return ipywidgets.VBox([header, tabs])
-
+        return step_widget.of_record(self.record, self.name, self.previous, self.hlo)
 
 
 class HistoryView:
