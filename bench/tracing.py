@@ -63,7 +63,7 @@ def measure(device, step, wait, chain=chain, prepare=None):
 def _first_step(x, y):
     """The next step is the first after its sync that xlakit sees: not recorded (engine/tape.py)."""
     from xlakit.session import current
-    current().tape.clear()
+    current().forget_recordings()
 
 
 def _second_step(x, y):

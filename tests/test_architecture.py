@@ -116,6 +116,16 @@ def test_views_never_reach_into_the_engine():
             assert not {unit(t) for t in imported(path)} & {"engine", "front", "lowerings"}, module
 
 
+def test_nothing_outside_the_engine_touches_its_parts():
+    """The Engine's public methods are its surface: outside engine/, no module reaches a private
+    part of it (its ledger, tape, tensors, asserts, lock, private methods), through current() or a
+    name bound to it."""
+    reach = re.compile(r"\b(?:current\(\)|engine)\._\w+")
+    found = {f"{module}: {m.group()}" for module, path in MODULES.items() if unit(module) != "engine"
+             for m in reach.finditer(path.read_text())}
+    assert not found, sorted(found)
+
+
 def test_import_changes_nothing_global_in_torch_or_jax():
     program = textwrap.dedent("""
         import jax, torch

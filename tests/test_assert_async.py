@@ -9,7 +9,7 @@ from conftest import assert_same
 from test_compiled_device import _failures, dynamo_log, fresh_dynamo  # noqa: F401
 
 import xlakit
-from xlakit.engine.executor import StepFailedError
+from xlakit.engine.values import StepFailedError
 
 
 def _eager_error(*args) -> str:

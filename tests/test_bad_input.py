@@ -10,7 +10,7 @@ from conftest import assert_same
 
 import xlakit
 from xlakit.core.ir import recording_mark
-from xlakit.engine.executor import StepFailedError
+from xlakit.engine.values import StepFailedError
 from xlakit.front.tensor import unwrap
 from xlakit.lowerings import verdicts
 

@@ -9,7 +9,8 @@ import torch
 import xlakit
 
 from xlakit.engine.cache import private_dir
-from xlakit.engine.executor import StepExecutionError, StepFailedError, current
+from xlakit.engine.executor import current
+from xlakit.engine.values import StepExecutionError, StepFailedError
 from xlakit.lowerings import to_jax
 
 PROGRAM = ("import torch, xlakit, warnings\nwarnings.simplefilter('always')\n"

@@ -27,17 +27,6 @@ from . import keys
 from .executor import Engine, compile_flags
 
 
-def donating(engine: Engine, graph: Graph, donors: tuple[int, ...], placement):
-    """The executable of `graph` (a `structure` of an execution's graph, placed by
-    `placement`) whose parameters `donors` are donated: found in the cache or compiled
-    (and recorded as any miss is). Returns its cache entry."""
-    with engine.lock:
-        flags = compile_flags(graph)
-        key = keys.compute_key(graph, donors, flags, placement)
-        entry, *_ = engine._executable(graph, donors, key, flags, placement)
-        return entry
-
-
 def fill_constants(values: list) -> None:
     """Compute each pending value in `values` (LiveValues, or None) that is a fill of computed
     operands by its lowering alone, with no step: a graph's inputs, fed before it runs."""

@@ -26,73 +26,18 @@ from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
 from ..lowerings import numerics as numerics_lowering
 from . import cache as cache_mod
-from . import check_results, keys, numerics, profiling, stages, tape
+from . import check_results, executables, keys, numerics, profiling, stages, tape
+from .values import LiveValue, StepExecutionError, dropped, execution_error
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
              "executions", "donated_buffers", "donated_bytes", "fallbacks")
 
 
 
-class StepFailedError(RuntimeError):
-    """Raised when a tensor is read whose computation could not be compiled
-    (or whose step failed a check)."""
-
-
-class StepFailedIndexError(StepFailedError, IndexError):
-    """A tensor whose step failed an index check: an IndexError, as eager's."""
-
-
-class LiveValue:
-    """The value behind one or more lazy tensors: device data, or a pending
-    node output, or the error that kept it from being computed.
-
-    The registry maps a tensor's C++ TensorImpl to its value and holds a C++
-    weak reference to that TensorImpl: Python's garbage collector may clear
-    the attributes (and Python weak references) of a tensor subclass object
-    that only C++ still holds (a functional wrapper's inner value), so neither
-    can tell whether the tensor is alive.
-    """
-
-    __slots__ = ("aval", "node", "index", "data", "error", "label", "owner", "previous", "__weakref__")
-
-    def __init__(self, aval: Aval, node: Node | None, index: int, data: DeviceData | None):
-        self.aval, self.node, self.index, self.data, self.error = aval, node, index, data, None
-        self.label: str | None = None
-        # stamped at step markers (tensor.stamp_owners): the user tensor it belongs to, and the
-        # buffer that tensor held before this value (given back if the step fails a check)
-        self.owner: int | None = None
-        self.previous: DeviceData | None = None
-
-    def __repr__(self) -> str:
-        state = "data" if self.data is not None else ("pending" if self.node is not None else "failed")
-        return f"{self.aval}, {state}"
-
-    def operand(self):
-        """What this value contributes to a new node."""
-        self.check_usable()
-        self.resolve()
-        return self.data if self.data is not None else (self.node, self.index)
-
-
-    def resolve(self) -> None:
-        """Swap a pending node output for its device data once it was computed."""
-        node = self.node
-        if node is not None and node.results is not None and node.results[self.index] is not None:
-            self.data, self.node = node.results[self.index], None
-
-    def check_usable(self) -> None:
-        if self.error is not None:
-            kind = StepFailedIndexError if isinstance(self.error, IndexError) else StepFailedError
-            raise kind(f"this tensor's value could not be computed: {self.error}") from self.error
-
-    def fail(self, error: BaseException) -> None:
-        self.error, self.node = error, None
-
-
 class Engine:
     def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
-        self.tensors: dict[int, LiveValue] = {}
+        self._tensors: dict[int, LiveValue] = {}
         self._refs: dict[int, weakref.KeyedRef] = {}
         # called before each step marker (the frontend stamps tensor labels), and after one
         # whose step was dropped (the frontend gives host state back): `hook(stopped_at)`, with
@@ -101,29 +46,29 @@ class Engine:
         self.before_step: list = []
         self.step_dropped: list = []
         self.cache = cache
-        self.persistent_hits = persistent_hits
         # the one log of StepRecords (bounded by config.record_limit; xlakit.capture() reads it)
         self.log = StepLog()
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
+        self.executables = executables.Executables(cache, persistent_hits, self.counters)
         self.trace_seconds = 0.0
-        self.lock = threading.RLock()
+        self._lock = threading.RLock()
         # outputs of the newest execution; executions finish in order, so
         # waiting for these waits for all (config.wait_for_execution=False)
         self.in_flight: list = []
         # steps whose in-graph checks are not read yet, and the values waiting on them
-        self.ledger = check_results.Ledger()
+        self._ledger = check_results.Ledger()
         # recorded asserts (torch._assert_async) no sync computed yet: nothing reads their
         # outputs, so no cut would take them; the next sync, whatever it computes, does
-        self.asserts: list[LiveValue] = []
+        self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
-        self.tape = tape.Tape()
+        self._tape = tape.Tape()
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
         self.profiling: profiling.Profiling | None = None
 
     # -- tensors ------------------------------------------------------------
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
         key = tensor._cdata
-        self.tensors[key] = value
+        self._tensors[key] = value
         self._refs[key] = weakref.KeyedRef(tensor, self._forget, key)
 
     def _forget(self, ref: weakref.KeyedRef) -> None:
@@ -132,16 +77,16 @@ class Engine:
         in any thread; a tensor registered again has a newer reference, and this one forgets nothing."""
         if self._refs.get(ref.key) is ref:
             del self._refs[ref.key]
-            self.tensors.pop(ref.key, None)
+            self._tensors.pop(ref.key, None)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
-        return self.tensors[tensor._cdata]
+        return self._tensors[tensor._cdata]
 
     def read(self, value: LiveValue) -> DeviceData:
         """The device data of a computed value; waits for executions dispatched ahead,
         so a fault shows here, as a clear error."""
         value.resolve()
-        if self.in_flight or self.ledger.unread():
+        if self.in_flight or self._ledger.unread():
             self.wait()
         value.check_usable()
         if value.data is None:
@@ -150,13 +95,49 @@ class Engine:
 
     def check_at_next_sync(self, value: LiveValue) -> None:
         """`value` is an assert's output: the next sync computes it, and its check with it."""
-        self.asserts.append(value)
+        self._asserts.append(value)
 
     def count_fallback(self) -> None:
         self.counters["fallbacks"] += 1
 
     def add_trace_time(self, seconds: float) -> None:
         self.trace_seconds += seconds
+
+    def has_live_tensors(self) -> bool:
+        return bool(self._tensors)
+
+    def has_pending_asserts(self) -> bool:
+        """Whether an assert recorded since the last sync waits for one (check_at_next_sync)."""
+        return bool(self._asserts)
+
+    # -- user tensors' values, given back after a failed step (check_results.Ledger) --------
+    def note_owned(self, owner: int, data: DeviceData) -> None:
+        """`data` is the buffer of user tensor `owner`'s last computed value."""
+        self._ledger.latest[owner] = data
+
+    def owned(self, owner: int) -> DeviceData | None:
+        """The buffer of user tensor `owner`'s last computed value, while something holds it."""
+        return self._ledger.latest.get(owner)
+
+    # -- the recording: ops matched against the run that followed the same sync before (tape.py) --
+    def expected_op(self, op) -> tape.Expected | None:
+        """What the run this one follows recorded at this place, if it was `op`."""
+        return self._tape.expected(op)
+
+    def reused_operands(self, expected: tape.Expected, args, kwargs) -> tuple | None:
+        """The operands of `expected`'s recording if these arguments match it, else None."""
+        return self._tape.match(expected, args, kwargs)
+
+    def recorded(self, node: Node, expected: tape.Expected | None, **fresh) -> None:
+        """`node` was recorded: reusing `expected`, or fresh (`fresh`: what the next run matches)."""
+        self._tape.add(node, expected, **fresh)
+
+    def recorded_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
+        """A compiled graph was recorded again as `nodes`: a repeated step reuses its cut and key."""
+        self._tape.add_graph(graph, operands, nodes)
+
+    def forget_recordings(self) -> None:
+        self._tape.clear()
 
     def live_values(self) -> list[LiveValue]:
         """Values of tensors still alive (_forget drops those of the dead). Other threads register
@@ -167,14 +148,14 @@ class Engine:
     def held_values(self) -> list[LiveValue]:
         """The value of each live tensor, once per tensor: a clone shares its source's value
         (values are immutable), and each of the two holds the value's buffer."""
-        return list(self.tensors.values())
+        return list(self._tensors.values())
 
     # -- syncs --------------------------------------------------------------
     def sync(self, tensors=None, *, trigger: Trigger, source: str | None = None):
         """Compute pending values. `tensors=None` is a step marker (all live
         tensors; may donate); a list is a partial sync (never donates).
         Returns (cache entry, graph) of the execution, or None if nothing was pending."""
-        with self.lock:
+        with self._lock:
             full = tensors is None
             if full:
                 for hook in self.before_step:
@@ -184,17 +165,17 @@ class Engine:
                 t.resolve()
             targets = live if full else tensors
             if not full:
-                if self.ledger.failure is not None:  # before the poisoned values it explains
+                if self._ledger.failure is not None:  # before the poisoned values it explains
                     self._verify()
                 for t in targets:
                     t.check_usable()
                     t.resolve()
-            asserts, self.asserts = self.asserts, []
+            asserts, self._asserts = self._asserts, []
             # asserts first: the graph then traces each before the ops recorded after it (Check.halts)
             targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
                 return None
-            run = self.tape.close((trigger, source))
+            run = self._tape.close((trigger, source))
             try:
                 with _collector_paused():
                     return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)
@@ -231,7 +212,7 @@ class Engine:
                 failure = failure or error
                 targets = self._poison(targets, error)
             except StepExecutionError as error:
-                raise _dropped(error, targets) from error.__cause__
+                raise dropped(error, targets) from error.__cause__
         if failure is not None:
             raise failure
         return executed
@@ -251,7 +232,7 @@ class Engine:
         if pending:
             self._compute(list(pending.values()), live, full=False, trigger=Trigger.FALLBACK,
                           source=sources.fallback_line(node.source, node.op))
-        if self.ledger.unread():  # its operands' checks first
+        if self._ledger.unread():  # its operands' checks first
             self.wait()
         host = []
         for operand in node.operands:
@@ -288,8 +269,9 @@ class Engine:
         key = key or keys.compute_key(graph, donors, flags, placement)
         if run is not None and full and placement is None:
             run.remember(cut, planned, flags, key)
-        entry, outcome, lower_s, compile_s, changed, why = self._executable(graph, donors, key, flags, placement)
-        inherited = self.ledger.inherited(graph)
+        lookup = self.executables.lookup(graph, donors, key, flags, placement)
+        entry = lookup.entry
+        inherited = self._ledger.inherited(graph)
 
         t3 = time.perf_counter()
         arguments = sharding.arguments(graph, placement)
@@ -300,44 +282,35 @@ class Engine:
         donated = [_donate(i, graph.params[i]) for i in donors]
         self._bind_results(graph, planned.roots, outputs, targets)
         results = [node.results[i] for node, i in planned.roots]
-        previous = self.ledger.bound(results, targets)
-        graph_info = _any_graph_info(entry, graph, donors, key)
-        found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search, arguments)
+        previous = self._ledger.bound(results, targets)
+        graph_info = executables.graph_info(entry, graph, donors, key)
+        nans = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search, arguments)
         del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
         donated, note = _guarded(entry, tuple(donated), planned.note)
         if checked is not None or inherited:
-            self.ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
+            self._ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
         self._append_record(entry, key, graph_info, trigger=trigger,
-                            cache=outcome, donated=donated, changed=changed, why=why, numerics=found,
+                            cache=lookup.outcome, donated=donated, changed=lookup.changed, why=lookup.why,
+                            numerics=nans,
                             note=note, source=source, replay=run.replay() if run is not None else None,
-                            timings=Timings(trace=self.trace_seconds, lower=lower_s, compile=compile_s,
+                            timings=Timings(trace=self.trace_seconds, lower=lookup.lower_s, compile=lookup.compile_s,
                                             execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
             self._verify(own_step=full)
         else:
-            self.ledger.read_oldest(self.live_values)
-        if found is not None:
-            numerics.report(found)
+            self._ledger.read_oldest(self.live_values)
+        if nans is not None:
+            numerics.report(nans)
         return entry, graph
 
-    def _executable(self, graph: Graph, donors, key: keys.Key, flags, placement):
-        """The cached executable for `key`, or a new one. On a miss, what differs
-        from the closest cached key is explained here, once.
-        Returns (entry, outcome, lower seconds, compile seconds, changed, why)."""
-        entry = self.cache.get(key.key)
-        if entry is not None:
-            self.counters["cache_hits"] += 1
-            return entry, Cache.HIT, 0.0, 0.0, (), ()
-        closest = self._closest(key)
-        entry, outcome, lower_s, compile_s = self._load(key, graph, placement) or \
-            self._compile(graph, donors, key, flags, placement)
-        changed, why = (), ()
-        if closest is not None:
-            changed = tuple(misses.diff(key.components, closest.key.components))
-            why = tuple(misses.explain_miss(key.components, _any_graph_info(entry, graph, donors, key),
-                                          closest.key.components, next(iter(closest.graph_infos.values()))))
-        return entry, outcome, lower_s, compile_s, changed, why
+    def executable_for(self, graph: Graph, donors: tuple[int, ...], placement) -> cache_mod.Entry:
+        """The executable of `graph` with `donors` donated, found or compiled (a compiled function's
+        donating twin: engine/compiled.py)."""
+        with self._lock:
+            flags = compile_flags(graph)
+            key = keys.compute_key(graph, donors, flags, placement)
+            return self.executables.lookup(graph, donors, key, flags, placement).entry
 
     def replay(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
                note: str, metadata: str):
@@ -345,7 +318,7 @@ class Engine:
         `donated` maps the parameter positions whose buffers it is given to those buffers, which
         are dead after. Appends a StepRecord showing the graph of metadata digest `metadata`;
         returns the output arrays."""
-        with self.lock:
+        with self._lock:
             self.counters["cache_hits"] += 1
             t0 = time.perf_counter()
             outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None, donated.values()))
@@ -377,7 +350,7 @@ class Engine:
             num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
             why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
             memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
-            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self._hit_rate(),
+            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(),
         ))
 
     def _append_replay(self, entry, graph_info: GraphInfo, **run) -> None:
@@ -389,12 +362,7 @@ class Engine:
         else:
             entry.replayed = self._log(previous.rerun(
                 index=self.log.next_index, donation_note=run.pop("note"), uses=entry.uses,
-                cache_entries=len(self.cache), hit_rate=self._hit_rate(), **run))
-
-    def _hit_rate(self) -> float:
-        """In-memory cache hits / lookups so far."""
-        hits = self.counters["cache_hits"]
-        return hits / max(1, hits + self.counters["cache_misses"])
+                cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(), **run))
 
     def _log(self, record: StepRecord) -> StepRecord:
         """Count and keep one execution's record; returns it."""
@@ -414,53 +382,6 @@ class Engine:
                 budget.enforce(over)
         return record
 
-    def _load(self, key: keys.Key, graph: Graph, placement):
-        """The executable an earlier process stored for this key: no lowering, no compile.
-        Its load time is reported as the compile time."""
-        if placement is not None:
-            return None
-        t0 = time.perf_counter()
-        entry = cache_mod.load(key.key)
-        if entry is None:
-            return None
-        self.counters["cache_misses"] += 1
-        self.counters["persistent_cache_hits"] += 1
-        self._keep(entry, graph, placement)
-        return entry, Cache.PERSISTENT_HIT, 0.0, time.perf_counter() - t0
-
-    def _keep(self, entry: cache_mod.Entry, graph: Graph, placement) -> None:
-        _warn_if_too_big(entry.memory, graph)
-        if entry.numerics is not None and entry.numerics.guard:
-            entry.search = numerics.Search(graph, placement)
-        self.cache.capacity = config.cache_size
-        self.cache.put(entry.key.key, entry)
-
-    def _compile(self, graph: Graph, donors, key: keys.Key, flags, placement):
-        t0 = time.perf_counter()
-        # check_nans alone: a guard on the outputs, searched node by node only when they are not finite
-        guard = "nans" in flags and "ranges" not in flags
-        lowered, step_checks, layout = to_jax.lower(
-            graph, donors, flags["matmul_precision"], placement, check=flags["checks"] == "on",
-            nans=numerics_lowering.recording_ranks(graph) if "nans" in flags and not guard else None,
-            ranges="ranges" in flags, guard=guard)
-        t1 = time.perf_counter()
-        hits_before = self.persistent_hits.count
-        compiled = lowered.compile()
-        t2 = time.perf_counter()
-        outcome = Cache.PERSISTENT_HIT if self.persistent_hits.count > hits_before else Cache.MISS
-        self.counters["cache_misses"] += 1
-        self.counters["persistent_cache_hits" if outcome is Cache.PERSISTENT_HIT else "compiles"] += 1
-        hlo = compiled.as_text() or ""
-        devices = jax.devices()[:1] if placement is None else placement.devices()
-        entry = cache_mod.Entry(compiled=compiled, key=key, hlo=hlo, checks=step_checks, numerics=layout,
-                                memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
-                                collectives=analysis.collectives(hlo),
-                                shardings=None if placement is None else sharding.describe(placement, compiled, graph))
-        self._keep(entry, graph, placement)
-        if outcome is Cache.MISS:  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
-            cache_mod.store(entry)
-        return entry, outcome, t1 - t0, t2 - t1
-
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
         for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
@@ -469,13 +390,6 @@ class Engine:
             node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)))
         for t in targets:
             t.resolve()
-
-    def _closest(self, key: keys.Key) -> cache_mod.Entry | None:
-        """The cached executable whose key differs in the fewest components
-        (among those that ran: a step that failed to execute has no graph view);
-        of equals the most recently used, likely the step this one follows."""
-        entries = [e for e in reversed(self.cache.entries()) if e.graph_infos]
-        return min(entries, key=lambda e: len(misses.diff(key.components, e.key.components)), default=None)
 
     def _run(self, entry, arrays: list, graph: Graph | None, donors):
         """Run `entry` on `arrays`; `donors`: the DeviceData whose buffers it is given. JAX deletes
@@ -498,7 +412,7 @@ class Engine:
                     data.array = copy.to_device()
             if isinstance(e, StepExecutionError):
                 raise
-            raise _execution_error(e, graph) from e
+            raise execution_error(e, graph) from e
 
     def wait(self) -> None:
         """Block until every dispatched execution has finished; read the checks
@@ -511,16 +425,16 @@ class Engine:
         try:
             jax.block_until_ready(outputs)
         except Exception as e:  # noqa: BLE001 - re-raised with what the step asked for
-            raise _execution_error(e, graph) from e
+            raise execution_error(e, graph) from e
 
     def _verify(self, own_step: bool = False) -> None:
         """Read the unread checks; `own_step`: right after the step marker's own execution, so
         that a failure is its step's (the host state its recording changed is given back)."""
-        if self.ledger.unread():
-            error = self.ledger.verify(self.live_values)
+        if self._ledger.unread():
+            error = self._ledger.verify(self.live_values)
             if error is not None:
                 for hook in self.step_dropped if own_step else ():
-                    hook(self.ledger.stopped_at)
+                    hook(self._ledger.stopped_at)
                 raise error
 
     # -- counters -----------------------------------------------------------
@@ -541,7 +455,7 @@ class Engine:
         """`with engine.profiled() as steps:` -- the records of this thread's executions inside, each
         with `.profile`: its executable run `runs` more times under JAX's profiler (engine/profiling.py)."""
         session = profiling.Profiling(runs)
-        with self.lock:
+        with self._lock:
             if self.profiling is not None:
                 raise RuntimeError("xlakit.profile(): already profiling; profile blocks do not nest")
             self.profiling = session
@@ -549,7 +463,7 @@ class Engine:
             with self.log.capture() as steps:
                 yield steps
         finally:
-            with self.lock:
+            with self._lock:
                 self.profiling = None
 
 
@@ -568,56 +482,6 @@ def _collector_paused():
         yield
     finally:
         gc.enable()
-
-
-class StepExecutionError(RuntimeError):
-    """The device could not run a compiled step (out of memory, runtime fault)."""
-
-
-def _execution_error(error: BaseException, graph: Graph | None) -> StepExecutionError:
-    asked = ""
-    if graph is not None:
-        asked = (f" It reads {sum(a.nbytes for a in graph.param_avals):,} bytes of inputs and "
-                 f"writes {sum(a.nbytes for a in graph.root_avals):,} bytes of outputs.")
-    return StepExecutionError(f"xlakit: the device could not run this step: {str(error).rstrip('.')}.{asked} "
-                              "Tensors it was updating in place keep their values from before it (parameters, "
-                              "optimizer state and its CPU step count); the values it would have made keep this "
-                              "error. Other host state your code changed while recording it stays changed.")
-
-
-def _dropped(error: StepExecutionError, targets) -> StepExecutionError:
-    """A step the device could not run is dropped whole, as eager stops at the allocation that
-    failed before any update: a tensor the user made on the device (tensor.own: parameters,
-    optimizer state, what `.to` moved) gets back the buffer it held before the step; the values
-    the step made anew keep the error. A buffer the device took anyway (a runtime fault after the
-    executable started, which donated it) cannot be given back: the error names those tensors."""
-    lost = []
-    for t in targets:
-        previous, t.previous = t.previous, None
-        if previous is not None and previous.array is not None and not previous.array.is_deleted():
-            t.data, t.node = previous, None
-        else:
-            if previous is not None:
-                lost.append(t.label or previous.label or str(t.aval))
-            t.fail(error)
-    if not lost:
-        return error
-    return StepExecutionError(f"{error} The device took the buffers of {len(lost)} tensor(s) it was updating in "
-                              f"place, which lost their values too: {', '.join(sorted(set(lost)))}.")
-
-
-def _warn_if_too_big(memory, graph: Graph) -> None:
-    """Say before the first run that a step cannot fit, with what it holds (an OOM
-    on the device names no tensors)."""
-    if memory is None or not memory.over_limit:
-        return
-    largest = sorted(graph.params, key=lambda p: p.aval.nbytes, reverse=True)[:3]
-    sources.warn(
-        f"xlakit: this step needs {memory.peak:,} bytes per device at its peak, more than the device's "
-        f"{memory.device_limit:,} (arguments {memory.arguments:,}, outputs {memory.outputs:,}, "
-        f"temporaries {memory.temporaries:,}); largest inputs: "
-        + ", ".join(f"{p.label or 'unlabelled'} {p.aval}" for p in largest)
-        + ". It will likely run out of memory: use smaller batches, donation, or shard it.", sources.capture())
 
 
 def _donate(index: int, data: DeviceData) -> DonatedBuffer:
@@ -660,37 +524,6 @@ def _depends_on(node: Node, target: Node) -> bool:
     return any(n is target for n in pending_nodes([node]))
 
 
-def _any_graph_info(entry, graph: Graph, donors, key: keys.Key) -> GraphInfo:
-    """The entry's GraphInfo for this metadata; built once per (key, metadata)."""
-    info = entry.graph_infos.get(key.metadata_digest)
-    if info is None:
-        info = entry.graph_infos[key.metadata_digest] = _graph_info(graph, donors, entry.shardings,
-                                                                    to_jax.hlo_ops(entry.hlo))
-    return info
-
-
-def _arguments(template) -> str:
-    """A node's arguments as text, operands as $0, $1, ..."""
-    args, kwargs = template
-    return ", ".join([*map(repr, args), *(f"{name}={value!r}" for name, value in kwargs)])
-
-
-def _graph_info(graph: Graph, donors, shardings, hlo_ops: dict[int, tuple[str, ...]]) -> GraphInfo:
-    donor_set = set(donors)
-    placed = ["one device"] * len(graph.params) if shardings is None else [t.spec for t in shardings.inputs]
-    return GraphInfo(
-        nodes=tuple(
-            NodeInfo(op=str(n.op), operands=w, avals=tuple(map(str, n.avals)), source=n.source,
-                     args=_arguments(n.template), module=n.source.module if n.source else "",
-                     hlo_ops=hlo_ops.get(i, ()))
-            for i, (n, w) in enumerate(zip(graph.nodes, graph.wiring))
-        ),
-        params=tuple(ParamInfo(aval=str(p.aval), label=p.label, donated=i in donor_set, sharding=placed[i])
-                     for i, p in enumerate(graph.params)),
-        roots=tuple(graph.roots),
-    )
-
-
 _CURRENT: Engine | None = None
 
 
@@ -707,11 +540,11 @@ def current() -> Engine:
                      size=lambda: len(engine.log.records))
         PROCESS.keep("engine: counters", engine.counters, bound=len(_COUNTERS), why="xlakit.metrics()",
                      clear=engine.zero_counters, size=lambda: sum(engine.counters.values()))
-        PROCESS.keep("engine: replay tape", engine.tape, bound=f"{tape.RUNS} runs of {tape.LIMIT} ops",
+        PROCESS.keep("engine: replay tape", engine._tape, bound=f"{tape.RUNS} runs of {tape.LIMIT} ops",
                      why="a run of ops that matches the one before it reuses its recording, cut and key",
-                     clear=engine.tape.clear, size=engine.tape.size)
-        PROCESS.keep("engine: unread checks", engine.ledger, bound=f"{check_results.UNREAD_LIMIT} steps",
+                     clear=engine._tape.clear, size=engine._tape.size)
+        PROCESS.keep("engine: unread checks", engine._ledger, bound=f"{check_results.UNREAD_LIMIT} steps",
                      why="a step's in-graph checks are read at the next read, so tracing overlaps execution",
-                     clear=engine.wait, size=lambda: len(engine.ledger.steps))
+                     clear=engine.wait, size=lambda: len(engine._ledger.steps))
         _CURRENT = engine
     return _CURRENT

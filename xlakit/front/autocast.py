@@ -154,7 +154,7 @@ def _autocast_enter(self):
     # The outermost CPU region pushes the mode. Regions that torch.compile and
     # torch.export enter (through torch.amp._enter_autocast) are theirs: Dynamo
     # forbids changes to the mode stack while it traces.
-    if (self.device == "cpu" and self._enabled and not _PUSHED.value and current().tensors
+    if (self.device == "cpu" and self._enabled and not _PUSHED.value and current().has_live_tensors()
             and not torch.compiler.is_compiling() and sys._getframe(1).f_code is not _COMPILED_ENTER):
         _PUSHED.value = True
         self._xlakit_mode = _Autocast()

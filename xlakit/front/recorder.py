@@ -411,15 +411,15 @@ def _record(func, args, kwargs):
         like = [_HostLike(a) if isinstance(a, LazyTensor) else a for a in args]
         host_kwargs = to_cpu(kwargs)
         return drawn(lambda: func(*[a.host() if isinstance(a, _HostLike) else a for a in like], **host_kwargs))
-    tape = current().tape
-    expected = tape.expected(func) if id(func) not in verdicts.FAILED else None
+    engine = current()
+    expected = engine.expected_op(func) if id(func) not in verdicts.FAILED else None
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
         if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
             _check_scalars(func, info, args, kwargs, expected.avals[0])
-        operands = tape.match(expected, args, kwargs)
+        operands = engine.reused_operands(expected, args, kwargs)
         if operands is not None:
             node = Node(func, operands, expected.template, expected.avals, sources.capture(), expected.signature)
-            tape.add(node, expected)
+            engine.recorded(node, expected)
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
     template, tensors, signature = _split(func, info, args, kwargs)
@@ -449,8 +449,8 @@ def _record(func, args, kwargs):
     if info.view is not None:
         offset = _view_offset(func, tensors[0], template)
         layouts = tuple(None if layout is None else (layout[0], layout[1] + offset) for layout in layouts)
-    tape.add(node, None, template=template, tensors=tensors, structure=structure, layouts=layouts,
-            default_dtype=signature[1])
+    engine.recorded(node, None, template=template, tensors=tensors, structure=structure, layouts=layouts,
+                    default_dtype=signature[1])
     outputs = _new_outputs(node, info, args, avals, layouts)
     return structure(outputs) if structure is not None else outputs[0]
 

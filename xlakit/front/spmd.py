@@ -15,7 +15,8 @@ import torch
 from ..core import sources, transfer
 from ..core.ir import Node, Slot
 from ..core.sharding import MARK_SHARDING, Constraint, Mesh
-from ..engine.executor import LiveValue, current
+from ..engine.executor import current
+from ..engine.values import LiveValue
 from .recorder import DEVICE, unwrap
 
 

@@ -19,7 +19,8 @@ from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node
 from ..core.record import Trigger
 from ..engine import tape
-from ..engine.executor import LiveValue, current
+from ..engine.executor import current
+from ..engine.values import LiveValue
 
 DEVICE = torch.device("lazy", 0)
 
@@ -153,19 +154,19 @@ def own_at_write(t: torch.Tensor) -> None:
     own(t)
     value.resolve()
     if value.data is not None:
-        current().ledger.latest[_OWNED[t]] = value.data
+        current().note_owned(_OWNED[t], value.data)
 
 
 def note_computed(t: torch.Tensor) -> None:
     """An owned tensor's value computed outside a step (a compiled graph's replay copied into it):
-    what a step that then fails gives back (engine/check_results.py, executor._dropped)."""
+    what a step that then fails gives back (engine/check_results.py, values.dropped)."""
     owner = _OWNED.get(t)
     if owner is not None:
-        current().ledger.latest[owner] = unwrap(t)._state.data
+        current().note_owned(owner, unwrap(t)._state.data)
 
 
 def stamp_owners() -> None:
-    latest = current().ledger.latest
+    engine = current()
     owned = list(_OWNED.items())
     owned_impls.clear()
     for t, owner in owned:
@@ -173,9 +174,9 @@ def stamp_owners() -> None:
         value = unwrap(t)._state
         value.owner = owner
         if value.data is not None:
-            latest[owner] = value.data
+            engine.note_owned(owner, value.data)
         else:
-            value.previous = latest.get(owner)
+            value.previous = engine.owned(owner)
 
 
 def copy_strides(t: torch.Tensor, memory_format=torch.preserve_format) -> tuple[int, ...]:

@@ -133,7 +133,7 @@ class _Replay:
         arrays = [a.array for a in self._arguments(inputs, values, engine.read)]
         donated = self._donated(values)
         if donated and self.donating is None:  # (entry, its graph's metadata digest)
-            self.donating = (compiled.donating(engine, self.graph, tuple(sorted(self.donors)), self.placement),
+            self.donating = (engine.executable_for(self.graph, tuple(sorted(self.donors)), self.placement),
                              keys.metadata_digest(self.graph))
         entry, metadata = self.donating if donated else (self.entry, self.metadata)
         results = compiled.run(engine, entry, arrays, donated, metadata=metadata)
@@ -167,7 +167,7 @@ class _Replay:
         xlakit_backend copies them there after that sync)."""
         operands = self._arguments(inputs, values, lambda value: value.operand())
         nodes = instantiate(self.graph, operands)
-        current().tape.add_graph(self.graph, operands, nodes)  # a repeated step then reuses its cut and key
+        current().recorded_graph(self.graph, operands, nodes)
         outputs = []
         for out in self.outputs:
             if out is None or isinstance(out, int):
@@ -351,7 +351,7 @@ def _compute_pending(values, *, tracing: bool) -> None:
         value.resolve()
     compiled.fill_constants(pending)
     pending = [value for value in pending if value.node is not None]
-    if pending or current().asserts:  # a pending assert as well: else the trace would keep checking it
+    if pending or current().has_pending_asserts():  # else the trace would keep checking it
         current().sync(None if tracing else pending, trigger=Trigger.DYNAMO)
 
 
