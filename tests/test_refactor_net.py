@@ -10,8 +10,8 @@ What is compared where (tests/net/store.py says why):
   made them, skipped elsewhere: the key digests the backend too.
 
 Two fresh processes (one device, and eight for the sharded step) run every program. CI time,
-measured 2026-12-01 on two cores shared with other work (load 3.6): 22 s .venv, 24 s
-.venv-latest, 21 s .venv-colab; the Llama's two compiles and transformers' import are 7 s of it.
+measured 2026-12-01 on two cores shared with other work (load 3.6): 22-25 s .venv, 26 s
+.venv-latest, 22 s .venv-colab; the Llama's two compiles and transformers' import are 7 s of it.
 """
 import difflib
 import json
