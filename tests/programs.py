@@ -4,8 +4,8 @@ import torch
 import xlakit
 
 
-def llama_record(layers: int):
-    """Two AdamW steps of a tiny transformers Llama with `layers` layers."""
+def llama_record(layers: int, steps: int = 2):
+    """`steps` AdamW steps of a tiny transformers Llama with `layers` layers."""
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -16,7 +16,7 @@ def llama_record(layers: int):
     model = transformers.LlamaForCausalLM(cfg).to(dev)
     ids = torch.randint(0, 64, (2, 8)).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for _ in range(2):
+    for _ in range(steps):
         opt.zero_grad()
         model(input_ids=ids, labels=ids).loss.backward()
         opt.step()
