@@ -395,3 +395,14 @@ def test_an_executable_jax_loaded_from_its_own_cache_is_not_stored_again(new_pyt
     assert run()["same_as_eager"]  # served by JAX's cache
     last = run()
     assert last["same_as_eager"] and {c for c, _ in last["records"]} <= {"persistent_hit", "hit"}
+
+
+def test_xla_flags_changed_after_the_backend_was_made_move_no_key(dev, monkeypatch):
+    """XLA reads XLA_FLAGS once, when JAX makes its backend; importing torch_xla later (as
+    transformers does) appends a flag that compiles nothing differently: the key stays."""
+    x = torch.arange(6.0).to(dev)
+    (x * 2).cpu()
+    before = xlakit.last_step().key
+    monkeypatch.setenv("XLA_FLAGS", f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_enable_fast_math=false")
+    (x * 2).cpu()
+    assert xlakit.last_step().key == before and xlakit.last_step().cache == "hit"

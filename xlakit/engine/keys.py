@@ -78,8 +78,14 @@ def compile_flags(matmul_precision: str, lowering_version: str, checks: bool, *,
     return flags
 
 
+@lru_cache(maxsize=1)
 def compiler_xla_flags() -> str:
-    """XLA_FLAGS without dump, logging and debug flags: the ones that change compiled code."""
+    """XLA_FLAGS without dump, logging and debug flags (the ones that change compiled code), as XLA
+    read them: once, when JAX made its backend. A later change compiles nothing differently and
+    moves no key (torch_xla's import, e.g. through transformers', appends a flag to the variable)."""
+    import jax
+
+    jax.devices()  # the backend, and with it XLA's reading of its flags, made now if not before
     return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if not _DEBUG_FLAG.match(f))
 
 
