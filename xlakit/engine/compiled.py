@@ -69,5 +69,5 @@ def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, 
     (by parameter position); a StepRecord of trigger `compiled` that shows the graph whose
     metadata digest is `metadata` (two graphs of one key, from two modules, share an
     executable, not their module paths). Returns the output arrays."""
-    note = "" if donated else "replay: an input it updates is still read elsewhere, or it updates none"
-    return engine.replay(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, metadata=metadata)
+    note = "" if donated else "compiled call: an input it updates is still read elsewhere, or it updates none"
+    return engine.run_compiled(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, metadata=metadata)

@@ -312,8 +312,8 @@ class Engine:
             key = keys.compute_key(graph, donors, flags, placement)
             return self.executables.lookup(graph, donors, key, flags, placement).entry
 
-    def replay(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
-               note: str, metadata: str):
+    def run_compiled(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
+                     note: str, metadata: str):
         """Run a cached executable on given input arrays (torch.compile's graphs, engine/compiled.py);
         `donated` maps the parameter positions whose buffers it is given to those buffers, which
         are dead after. Appends a StepRecord showing the graph of metadata digest `metadata`;
@@ -327,9 +327,9 @@ class Engine:
             found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
                                                                arrays)
             records, note = _guarded(entry, tuple(_donate(i, data) for i, data in donated.items()), note)
-            self._append_replay(entry, graph_info, trigger=trigger, donated=records, note=note, source=None,
-                                numerics=found, timings=Timings(trace=self.trace_seconds, execute=execute_s,
-                                                                waited=config.wait_for_execution))
+            self._append_compiled_run(entry, graph_info, trigger=trigger, donated=records, note=note, source=None,
+                                      numerics=found, timings=Timings(trace=self.trace_seconds, execute=execute_s,
+                                                                      waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
                 error = check_results.Step(checked, entry.checks, graph_info.nodes).read()
                 if error is not None:
@@ -353,14 +353,14 @@ class Engine:
             replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(),
         ))
 
-    def _append_replay(self, entry, graph_info: GraphInfo, **run) -> None:
-        """A replay's record: what stays the same from one replay of `entry` to the next (its graph,
+    def _append_compiled_run(self, entry, graph_info: GraphInfo, **run) -> None:
+        """A compiled run's record: what stays the same from one run of `entry` to the next (its graph,
         key, HLO, memory, cost) is copied from the record of the previous one."""
-        previous = entry.replayed
+        previous = entry.last_run
         if previous is None or previous.graph is not graph_info:  # another graph of the same key
-            entry.replayed = self._append_record(entry, entry.key, graph_info, cache=Cache.HIT, **run)
+            entry.last_run = self._append_record(entry, entry.key, graph_info, cache=Cache.HIT, **run)
         else:
-            entry.replayed = self._log(previous.rerun(
+            entry.last_run = self._log(previous.rerun(
                 index=self.log.next_index, donation_note=run.pop("note"), uses=entry.uses,
                 cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(), **run))
 

@@ -3,13 +3,13 @@
 Each FX graph (aten-level, after AOTAutograd, so training works) is run once
 through the lazy engine. If it became exactly one executable with no eager
 fallback, later calls with the same input shapes, dtypes and Python ints
-replay that executable directly on the input buffers (a model on the device:
+run that executable directly on the input buffers (a model on the device:
 its parameters' buffers, nothing copied), donating the buffers of the inputs
 the graph updates in place (engine/compiled.py); the graphs of a training step
 (AOTAutograd's forward and backward, then an optimizer's graph fed pending gradients)
 are recorded again into the lazy step instead, which the optimizer's graph ends: one
-executable per step (_Replay.joins);
-random draws (dropout's noise, rand_like) are drawn again at each replay by
+executable per step (_CompiledCall.joins);
+random draws (dropout's noise, rand_like) are drawn again at each call by
 torch's CPU generator, in the traced order, as the lazy path draws them;
 otherwise (ops with no lowering, data-dependent syncs, a draw that is an
 eager fallback) it is interpreted lazily on every call, which may split it into
@@ -76,13 +76,14 @@ class CompiledGraph:
 _OPEN: list[list[CompiledGraph]] = []
 _numbers = PROCESS.keep("integrations.dynamo: graph numbers", Numbering(), bound="one counter",
                         why="CompiledGraph.index, in the order graphs were compiled")
-# Replays kept per FX graph (least recently used go first); past them, a call is traced again.
-_REPLAYS_PER_GRAPH = 32
-_REPLAYS: weakref.WeakSet = PROCESS.keep(
-    "integrations.dynamo: replays", weakref.WeakSet(), bound=f"{_REPLAYS_PER_GRAPH} per FX graph torch.compile keeps",
+# Compiled calls kept per FX graph (least recently used go first); past them, a call is traced again.
+_CALLS_PER_GRAPH = 32
+_COMPILED_CALLS: weakref.WeakSet = PROCESS.keep(
+    "integrations.dynamo: compiled calls", weakref.WeakSet(),
+    bound=f"{_CALLS_PER_GRAPH} per FX graph torch.compile keeps",
     why="a compiled graph's call with a seen input signature runs one executable, not the FX graph",
-    clear=lambda: [replays.clear() for replays in list(_REPLAYS)],
-    size=lambda: sum(len(replays) for replays in list(_REPLAYS)))
+    clear=lambda: [calls.clear() for calls in list(_COMPILED_CALLS)],
+    size=lambda: sum(len(calls) for calls in list(_COMPILED_CALLS)))
 
 
 # An optimizer's host step counts, each with the device value the last step computed for it:
@@ -104,7 +105,7 @@ def compiled_graphs():
         del _OPEN[next(i for i, g in enumerate(_OPEN) if g is graphs)]
 
 
-class _Replay:
+class _CompiledCall:
     """One executable run directly on the inputs' buffers at every later call, or its
     graph recorded again into the lazy step (`emit`).
 
@@ -246,7 +247,7 @@ def _to_lazy(t):
 def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, training: bool) -> callable:
     """The function that runs `gm` on xlakit (unboxed: it takes the inputs as arguments).
     `training`: AOTAutograd's forward or backward graph, not an inference graph; those
-    join the lazy step (_Replay.joins)."""
+    join the lazy step (_CompiledCall.joins)."""
     install.install()
     dynamo_frames.mark()  # this module and those imported since Dynamo loaded
     record = CompiledGraph(index=next(_numbers), fx_nodes=sum(n.op == "call_function" for n in gm.graph.nodes),
@@ -254,10 +255,10 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
                            compile_id=str(torch._guards.CompileContext.current_compile_id()))
     for graphs in _OPEN:
         graphs.append(record)
-    # per input signature, the replay; a graph Dynamo made dynamic takes its sizes and ints
+    # per input signature, the compiled call; a graph Dynamo made dynamic takes its sizes and ints
     # as inputs, and XLA's executables are static: each new signature is traced again
-    replays = cache.ExecutableCache(_REPLAYS_PER_GRAPH)
-    _REPLAYS.add(replays)
+    calls = cache.ExecutableCache(_CALLS_PER_GRAPH)
+    _COMPILED_CALLS.add(calls)
     updated = _updated_inputs() if forward else []
     # the outputs eager has on the host (`loss.cpu()`, a factory with no device, a host input's gradient)
     host = _host_outputs(gm, len(updated), forward)
@@ -270,23 +271,23 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
         """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined."""
         values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
         signature = () if static else _signature(inputs)
-        replay = replays.get(signature)
-        if replay is not None and replay.joins(values, training=training, direct=direct):
-            return _to_host_at(host, replay.emit(list(inputs), values))
-        _compute_pending(values, tracing=replay is None)
-        if replay is not None:
-            return replay(list(inputs), values)
+        call = calls.get(signature)
+        if call is not None and call.joins(values, training=training, direct=direct):
+            return _to_host_at(host, call.emit(list(inputs), values))
+        _compute_pending(values, tracing=call is None)
+        if call is not None:
+            return call(list(inputs), values)
         with draws_logged() as draws:
             outputs, execution, placeholder_data, output_values = _interpret(gm, list(inputs), record, reason)
         if execution is not None and record.executables == 1 and not record.splits and None not in draws:
             on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
-            replay = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
+            call = _plan(*execution, placeholder_data, output_values, [i if i in on_device else None
                                                                          for i in updated], draws,
                            frozenset(k for k, i in enumerate(updated) if i is not None and i not in on_device) | host,
                            any(i is not None for i in updated))
-            record.replays = replay is not None
-            if replay is not None:
-                replays.put(signature, replay)
+            record.replays = call is not None
+            if call is not None:
+                calls.put(signature, call)
         return _to_host_at(host, _outputs_like(outputs, inputs))
 
     return run
@@ -342,7 +343,7 @@ def _compute_pending(values, *, tracing: bool) -> None:
     """The graph runs on its inputs' device buffers: lazy inputs still pending (a compiled
     forward inside a lazy step, optimizer state made at its first step) are computed
     first. Traced as part of the graph instead, they were computed again, from their old
-    inputs, at every replay. `values`: per input, its LiveValue or None. Before a trace,
+    inputs, at every call. `values`: per input, its LiveValue or None. Before a trace,
     by a step marker: a partial sync left the rest of the step pending (a buffer a
     forward's graph updated: BatchNorm's statistics), and the next step, which computed it, was
     another program than the steps after it (one more compile of the whole step)."""
@@ -356,7 +357,7 @@ def _compute_pending(values, *, tracing: bool) -> None:
 
 
 def _signature(inputs) -> tuple:
-    """What a replay's executable was specialized to: each tensor input's shape and
+    """What a compiled call's executable was specialized to: each tensor input's shape and
     dtype, each other input's type and value (an int may be a size, a repeat count)."""
     return tuple((t.dtype, tuple(t.shape)) if isinstance(t, torch.Tensor) else (type(t), t) for t in inputs)
 
@@ -501,18 +502,18 @@ def _pending_or_data(o):
 
 
 def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: list,
-          to_host: frozenset, updates: bool) -> _Replay | None:
-    """How to replay `entry` on new inputs, or None when an output is not one
+          to_host: frozenset, updates: bool) -> _CompiledCall | None:
+    """How to run `entry` on new inputs, or None when an output is not one
     of its results (an input passed through, or a value computed earlier).
     `updated`: per first output, the device input it updates in place (_updated_inputs);
-    `draws`: the graph's random draws (front/recorder.py draws_logged); `to_host`: _Replay's;
+    `draws`: the graph's random draws (front/recorder.py draws_logged); `to_host`: _CompiledCall's;
     `updates`: whether the graph updates any input in place."""
     where = {id(d): i for i, d in enumerate(placeholder_data) if d is not None}
     redrawn = {id(data): _Draw(draw) for data, draw in draws}
     sources = []
     for p in graph.params:
         if id(p) not in where and id(p) not in redrawn:
-            p.read_only = True  # a constant the replay keeps using
+            p.read_only = True  # a constant the compiled call keeps using
         sources.append(where.get(id(p), redrawn.get(id(p), p)))
     root_of = {(id(graph.nodes[n]), i): k for k, (n, i) in enumerate(graph.roots)}
     outputs = []
@@ -530,8 +531,8 @@ def _plan(entry, graph, placeholder_data, output_values, updated: list, draws: l
               if i is not None and i in parameter_of and isinstance(out, tuple)
               and placeholder_data[i] is not None and out[1] == placeholder_data[i].aval}
     placement = sharding.plan(graph, tuple(sorted(donors))) if donors else None
-    return _Replay(entry, keys.metadata_digest(graph), structure(graph), placement, sources, outputs,
-                   list(redrawn.values()), donors, to_host, updates)
+    return _CompiledCall(entry, keys.metadata_digest(graph), structure(graph), placement, sources, outputs,
+                         list(redrawn.values()), donors, to_host, updates)
 
 
 def _flatten(value):
@@ -688,7 +689,7 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
         torch._functionalize_commit_update(original)
         torch._functionalize_sync(original)
         torch.autograd.graph.increment_version(original)
-        if state.data is not None:  # a replay's, computed outside a step: named now, as a step's results are
+        if state.data is not None:  # a compiled call's, computed outside a step: named now, as a step's results are
             labels.stamp_if_named(original)
             note_computed(original)
     elif original.requires_grad and original.is_leaf:  # a mutation autograd did not see
