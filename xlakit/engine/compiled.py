@@ -11,7 +11,7 @@ other tensor, pending or computed, still reads it.
 The graphs of a training step are not run one by one: each call records its
 traced graph again into the lazy IR (core/ir.instantiate), reading the call's
 inputs, and the step marker the optimizer's graph ends with computes forward,
-backward and optimizer step as one executable (integrations/dynamo.py says when).
+backward and optimizer step as one executable (integrations/compiled_call.py says when).
 
 An input still pending that is a constant fill of computed operands (autograd's
 `ones_like(loss)` grad seed, fed to a backward graph that runs now) is computed by its
