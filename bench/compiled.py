@@ -152,7 +152,7 @@ def training(model, x):
         opt.step()
 
     compiled = torch.compile(step, backend="xlakit")
-    for _ in range(3):  # traced, then replayed
+    for _ in range(3):  # traced, then its executable run directly
         compiled(xd, yd)
     with xlakit.capture() as records:
         total = per_call_us(lambda: compiled(xd, yd), xlakit.wait)

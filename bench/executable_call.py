@@ -4,7 +4,7 @@ The MLP of bench/compiled.py, compiled with torch.compile on xlakit; its cache e
 executable is then called four ways on the same arrays, each waited for: `jax.jit(f)` of
 the same MLP written in JAX, `jax.jit(f).lower().compile()`, the entry's `compiled` (a
 `jax.stages.Compiled`, called through JAX's C++ fast path) and `Engine._run` (the entry
-called as a replay calls it: use count, in-flight outputs, the wait). Each back to back,
+called as Engine.run_compiled calls it: use count, in-flight outputs, the wait). Each back to back,
 then with 100 µs of Python between calls, as a compiled call has (Dynamo, the backend,
 the StepRecord): on XLA:CPU the gap, not the caller, decides the time. Last, the whole
 compiled call, and its Python alone: the same call with the entry's executable replaced
@@ -46,7 +46,7 @@ def per_call_us(call, gap: float) -> float:
 
 
 def compiled_call(model, x):
-    """A compiled call of `model` on `x` (both on the device), the cache entry it replays
+    """A compiled call of `model` on `x` (both on the device), the cache entry it runs
     and the arrays it runs that entry on."""
     import xlakit
     from xlakit.engine import executor
@@ -62,7 +62,7 @@ def compiled_call(model, x):
     compiled = torch.compile(copy.deepcopy(model).to(dev), backend="xlakit")
     with torch.no_grad():
         xd = x.to(dev)
-        for _ in range(3):  # traced, then replayed
+        for _ in range(3):  # traced, then its executable run directly
             compiled(xd)
         executor.Engine._run = spy
         try:

@@ -107,7 +107,7 @@ class Computation:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Module:
-    name: str                                # HloModule's: "jit__replay"
+    name: str                                # HloModule's: "jit__as_jax"
     attributes: Mapping[str, str]            # the header's: "input_output_alias", "entry_computation_layout", ...
     computations: Mapping[str, Computation]  # by name, in the text's order
     instructions: Mapping[str, Instruction]  # every computation's, by name (names are unique in a module)

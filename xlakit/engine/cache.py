@@ -43,7 +43,7 @@ class Entry:
     # GraphInfo per metadata digest: a hit with the same metadata reuses it.
     graph_infos: dict = dataclasses.field(default_factory=dict)
     search: object = None     # a guarded executable's engine/numerics.Search (made in this process, never stored)
-    replayed: object = None   # the StepRecord of its latest replay (torch.compile's): the next one copies it
+    last_run: object = None   # the StepRecord of its latest Engine.run_compiled (torch.compile's): the next copies it
 
 
 class ExecutableCache:

@@ -19,7 +19,7 @@ state, xlakit.label) that the step updated in place only with ops recorded
 at or after the first failed op gets back its value from before the step, as
 eager leaves it: eager stops at that op (a training step whose batch holds a
 bad token id loses no weights). Where the step donated that old buffer, the
-executable itself kept the old value in the aliased output (lowering._replay),
+executable itself kept the old value in the aliased output (to_jax._as_jax),
 so nothing is lost to donation either. A tensor updated before that op too,
 or overwritten, held a value there that xlakit does not have: it is poisoned.
 The same holds for such a tensor written after that op by ops that do not read

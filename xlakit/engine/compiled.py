@@ -11,7 +11,7 @@ other tensor, pending or computed, still reads it.
 The graphs of a training step are not run one by one: each call records its
 traced graph again into the lazy IR (core/ir.instantiate), reading the call's
 inputs, and the step marker the optimizer's graph ends with computes forward,
-backward and optimizer step as one executable (integrations/dynamo.py says when).
+backward and optimizer step as one executable (integrations/compiled_call.py says when).
 
 An input still pending that is a constant fill of computed operands (autograd's
 `ones_like(loss)` grad seed, fed to a backward graph that runs now) is computed by its
@@ -69,5 +69,5 @@ def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, 
     (by parameter position); a StepRecord of trigger `compiled` that shows the graph whose
     metadata digest is `metadata` (two graphs of one key, from two modules, share an
     executable, not their module paths). Returns the output arrays."""
-    note = "" if donated else "replay: an input it updates is still read elsewhere, or it updates none"
-    return engine.replay(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, metadata=metadata)
+    note = "" if donated else "compiled call: an input it updates is still read elsewhere, or it updates none"
+    return engine.run_compiled(entry, arrays, donated, trigger=Trigger.COMPILED, note=note, metadata=metadata)

@@ -17,16 +17,16 @@ import jax
 import torch
 
 from ..analysis import executable as analysis
-from ..analysis import budget, misses
+from ..analysis import misses
 from ..config import config
 from ..core import sharding, sources, transfer
 from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
-from ..core.record import Cache, DonatedBuffer, GraphInfo, NodeInfo, ParamInfo, StepLog, StepRecord, Timings, Trigger
+from ..core.record import NodeInfo, ParamInfo, StepLog, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
 from ..lowerings import numerics as numerics_lowering
 from . import cache as cache_mod
-from . import check_results, executables, keys, numerics, profiling, stages, tape
+from . import check_results, executables, keys, numerics, profiling, records, stages, tape
 from .values import LiveValue, StepExecutionError, dropped, execution_error
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
@@ -279,23 +279,23 @@ class Engine:
                                                                    [graph.params[i] for i in donors]))
         execute_s = time.perf_counter() - t3
 
-        donated = [_donate(i, graph.params[i]) for i in donors]
+        donated = [records.donate(i, graph.params[i]) for i in donors]
         self._bind_results(graph, planned.roots, outputs, targets)
         results = [node.results[i] for node, i in planned.roots]
         previous = self._ledger.bound(results, targets)
         graph_info = executables.graph_info(entry, graph, donors, key)
         nans = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search, arguments)
         del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
-        donated, note = _guarded(entry, tuple(donated), planned.note)
+        donated, note = records.guarded(entry, tuple(donated), planned.note)
         if checked is not None or inherited:
             self._ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
-        self._append_record(entry, key, graph_info, trigger=trigger,
-                            cache=lookup.outcome, donated=donated, changed=lookup.changed, why=lookup.why,
-                            numerics=nans,
-                            note=note, source=source, replay=run.replay() if run is not None else None,
-                            timings=Timings(trace=self.trace_seconds, lower=lookup.lower_s, compile=lookup.compile_s,
-                                            execute=execute_s, waited=config.wait_for_execution))
+        records.append(self, entry, key, graph_info, trigger=trigger,
+                       cache=lookup.outcome, donated=donated, changed=lookup.changed, why=lookup.why,
+                       numerics=nans,
+                       note=note, source=source, replay=run.replay() if run is not None else None,
+                       timings=Timings(trace=self.trace_seconds, lower=lookup.lower_s, compile=lookup.compile_s,
+                                       execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
             self._verify(own_step=full)
         else:
@@ -312,8 +312,8 @@ class Engine:
             key = keys.compute_key(graph, donors, flags, placement)
             return self.executables.lookup(graph, donors, key, flags, placement).entry
 
-    def replay(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
-               note: str, metadata: str):
+    def run_compiled(self, entry: cache_mod.Entry, arrays: list, donated: dict[int, DeviceData], *, trigger: Trigger,
+                     note: str, metadata: str):
         """Run a cached executable on given input arrays (torch.compile's graphs, engine/compiled.py);
         `donated` maps the parameter positions whose buffers it is given to those buffers, which
         are dead after. Appends a StepRecord showing the graph of metadata digest `metadata`;
@@ -326,10 +326,11 @@ class Engine:
             graph_info = entry.graph_infos.get(metadata) or next(iter(entry.graph_infos.values()))
             found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
                                                                arrays)
-            records, note = _guarded(entry, tuple(_donate(i, data) for i, data in donated.items()), note)
-            self._append_replay(entry, graph_info, trigger=trigger, donated=records, note=note, source=None,
-                                numerics=found, timings=Timings(trace=self.trace_seconds, execute=execute_s,
-                                                                waited=config.wait_for_execution))
+            given, note = records.guarded(entry, tuple(records.donate(i, data) for i, data in donated.items()), note)
+            records.append_compiled_run(self, entry, graph_info, trigger=trigger, donated=given, note=note,
+                                        source=None, numerics=found,
+                                        timings=Timings(trace=self.trace_seconds, execute=execute_s,
+                                                        waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
                 error = check_results.Step(checked, entry.checks, graph_info.nodes).read()
                 if error is not None:
@@ -337,50 +338,6 @@ class Engine:
             if found is not None:
                 numerics.report(found)
             return outputs
-
-    def _append_record(self, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
-                       donated: tuple, timings: Timings, note: str, source: str | None,
-                       changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> StepRecord:
-        """Append the record of an execution; returns it as built (xlakit.profile() may revise the
-        one logged: its profile is that run's alone)."""
-        return self._log(StepRecord(
-            index=self.log.next_index, trigger=trigger, key=key.key, components=dict(key.components),
-            metadata_digest=key.metadata_digest, cache=cache, donated=donated,
-            num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
-            num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
-            why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
-            memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
-            replay=replay, numerics=numerics, cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(),
-        ))
-
-    def _append_replay(self, entry, graph_info: GraphInfo, **run) -> None:
-        """A replay's record: what stays the same from one replay of `entry` to the next (its graph,
-        key, HLO, memory, cost) is copied from the record of the previous one."""
-        previous = entry.replayed
-        if previous is None or previous.graph is not graph_info:  # another graph of the same key
-            entry.replayed = self._append_record(entry, entry.key, graph_info, cache=Cache.HIT, **run)
-        else:
-            entry.replayed = self._log(previous.rerun(
-                index=self.log.next_index, donation_note=run.pop("note"), uses=entry.uses,
-                cache_entries=len(self.cache), hit_rate=self.executables.hit_rate(), **run))
-
-    def _log(self, record: StepRecord) -> StepRecord:
-        """Count and keep one execution's record; returns it."""
-        self.counters["executions"] += 1
-        if record.donated:
-            self.counters["donated_buffers"] += len(record.donated)
-            self.counters["donated_bytes"] += sum(d.nbytes for d in record.donated)
-        self.log.append(record)
-        self.trace_seconds = 0.0
-        if self.profiling is not None:
-            changes = self.profiling.profile(record)
-            if changes is not None:
-                self.log.revise(record, **changes)
-        if config.max_recompiles is not None:
-            over = budget.LINES.observe(self.log.records[-1], config.max_recompiles, config.strict_recompiles)
-            if over is not None:
-                budget.enforce(over)
-        return record
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
@@ -482,23 +439,6 @@ def _collector_paused():
         yield
     finally:
         gc.enable()
-
-
-def _donate(index: int, data: DeviceData) -> DonatedBuffer:
-    """Mark parameter `index`'s buffer as given to the executable (dead now); what the record says of it."""
-    data.donated, data.array = True, None
-    return DonatedBuffer(index, data.label, data.aval.shape, str(data.aval.dtype).removeprefix("torch."),
-                         data.aval.nbytes)
-
-
-def _guarded(entry, donated: tuple, note: str) -> tuple[tuple, str]:
-    """What a step donated, and its note: a guarded executable (config.check_nans) donates nothing,
-    and the buffers it would have donated are freed once its outputs are known finite."""
-    if not donated or entry.numerics is None or not entry.numerics.guard:
-        return donated, note
-    freed = (f"config.check_nans keeps a step's inputs until its outputs are known finite: the {len(donated)} "
-             f"buffer(s) it would donate ({sum(d.nbytes for d in donated)} bytes) were freed after it instead")
-    return (), f"{note}; {freed}" if note else freed
 
 
 def _split_checks(entry, outputs):

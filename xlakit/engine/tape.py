@@ -13,7 +13,7 @@ guard only decides how much work recording skips. Source lines are taken anew
 for every op: a replayed node shows this step's lines, and the metadata digest
 is recomputed when one differs.
 
-A torch.compile graph recorded again into the step (integrations/dynamo.py) is matched
+A torch.compile graph recorded again into the step (integrations/compiled_call.py) is matched
 as one op: the same graph, its operands read from the same places. A compiled training
 step is then one run of three such graphs, its cut and key reused from the step before.
 
@@ -66,7 +66,7 @@ class Expected:
 
 
 class _GraphNode:
-    """One node of a compiled graph recorded again (ir.instantiate, integrations/dynamo.py):
+    """One node of a compiled graph recorded again (ir.instantiate, integrations/compiled_call.py):
     the graph is matched as a whole, at its first node (`first`), by the graph's identity and
     where its operands come from (`slots`, as Expected's). No recorded op matches it."""
 

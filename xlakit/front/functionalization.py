@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import is_fake
 from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS
-from .recorder import alias, dispatch, functional_variant, mixed_devices, op_info, to_cpu
+from .op_info import functional_variant, op_info
+from .recorder import alias, dispatch, mixed_devices, to_cpu
 from .tensor import LazyTensor, copy_strides, from_host, own, own_at_write, owned_impls, to_host, unwrap, wrap
 
 aten = torch.ops.aten

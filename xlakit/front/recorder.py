@@ -4,33 +4,31 @@ PyTorch's functionalization layer turns views and in-place ops into functional
 ops before they reach `LazyTensor.__torch_dispatch__` (tensor.py), so the IR
 holds only functional ops and an in-place update is a rebinding of the wrapper
 to a new `LazyTensor`. Each op is handled as its registration
-(lowerings/registry.py) says: recorded as a node (shape and dtype from torch's
-meta kernels, memoized), decomposed, run eagerly on CPU (eager.py), or by a
-handler of its own here (`@handles`).
+(lowerings/registry.py, read once: op_info.py) says: recorded as a node (shape
+and dtype from torch's meta kernels, memoized: op_shapes.py; Python scalars
+checked as eager checks them: scalar_checks.py), decomposed, run eagerly on CPU
+(eager.py), or by a handler of its own here (`@handles`).
 xlakit's kernels in torch's dispatcher live in functionalization.py.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
-import math
-import re
 import threading
 
 import torch
 import torch._decomp
 from torch._prims_common import get_computation_dtype
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
 from ..config import config
 from ..core import sources, transfer
-from ..core.ir import Aval, DeviceData, Node, Slot, fill
+from ..core.ir import DeviceData, Node, fill
 from ..core.record import Trigger
-from ..core.state import PROCESS
 from ..engine.executor import current
-from ..lowerings import eager, registry, verdicts
-from ..lowerings.registry import Handling, handles
+from ..lowerings import eager, verdicts
+from ..lowerings.registry import handles
 from ..lowerings.verdicts import NeedsEager
+from . import op_shapes, scalar_checks
+from .op_info import op_info
 from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
 _META = torch.device("meta")
@@ -40,268 +38,6 @@ aten = torch.ops.aten
 
 
 # -- recording ------------------------------------------------------------------
-_LIFTED = ("lifted-scalar",)
-
-
-_OP_INFO: dict = PROCESS.memo("front.recorder: op info", 1 << 14,
-                              "per op overload, how it is recorded (read from its policy and schema once)")
-
-
-def _functional_of_inplace(op):
-    """`add_.Tensor` -> `add.Tensor`; None for ops that mutate nothing."""
-    schema = op._schema
-    if not schema.arguments or not (schema.arguments[0].alias_info and schema.arguments[0].alias_info.is_write):
-        return None
-    name = op._overloadpacket.__name__
-    if not name.endswith("_") or name.startswith("_foreach"):
-        return None
-    packet = getattr(aten, name[:-1], None)
-    if packet is None or op._overloadname not in packet.overloads():
-        return None
-    return getattr(packet, op._overloadname)
-
-
-# `_foreach_add.List` -> `add.Tensor`: how foreach overload names map to the per-tensor op's.
-_FOREACH_OVERLOADS = {"List": ("Tensor", "default"), "ScalarList": ("Scalar", "default", "Tensor"),
-                      "Scalar": ("Scalar", "default", "Tensor"), "Tensor": ("Tensor", "default"),
-                      "default": ("default",)}
-
-
-def _per_tensor_of_foreach(op):
-    """(per-tensor op, positions of list arguments) for a functional `_foreach_*` op."""
-    name = op._overloadpacket.__name__
-    if not name.startswith("_foreach_") or name.endswith("_"):
-        return None
-    packet = getattr(aten, name.removeprefix("_foreach_"), None)
-    if packet is None:
-        return None
-    for overload in _FOREACH_OVERLOADS.get(op._overloadname, (op._overloadname,)):
-        if overload in packet.overloads():
-            positions = tuple(i for i, a in enumerate(op._schema.arguments)
-                              if a.type.kind() == "ListType")
-            return getattr(packet, overload), positions
-    return None
-
-
-def _view_of_copy(op):
-    """`t_copy` -> `t`, `split_copy` -> `split`, ...: the view op that functionalization records
-    as `op`; None for other ops."""
-    name = op._overloadpacket.__name__
-    packet = getattr(aten, name.removesuffix("_copy"), None) if name.endswith("_copy") else None
-    if packet is None or op._overloadname not in packet.overloads():
-        return None
-    view = getattr(packet, op._overloadname)
-    returns = view._schema.returns
-    return view if returns and returns[0].alias_info is not None and not returns[0].alias_info.is_write else None
-
-
-class _OpInfo:
-    """What the frontend needs to know about one aten op, computed once: its
-    registered policy (registry.policy), its implementations, and what the op's
-    schema says."""
-
-    __slots__ = ("special", "scalar_args", "scalar_kwargs", "lowerable", "eager_reason", "decomposition",
-                 "functional", "foreach", "shape_only_random", "view", "cpu_indices", "opmath_scalar",
-                 "checked_scalars", "fill")
-
-    def __init__(self, op):
-        policy = registry.policy(op)
-        self.special = policy.implementation if policy.handling is Handling.FRONTEND else None
-        lift = policy.lift_scalars
-        # which positional / keyword arguments enter the graph as 0-d inputs: Scalar
-        # arguments of arithmetic ops, and Python floats where a Tensor is expected
-        # (PyTorch's decompositions pass them so; torch treats them as 0-d tensors)
-        scalar = [(lift and str(a.type) in ("number", "Optional[number]")) or str(a.type) == "Tensor"
-                  for a in op._schema.arguments]
-        self.scalar_args = tuple(scalar)
-        self.scalar_kwargs = frozenset(a.name for a, s in zip(op._schema.arguments, scalar) if s)
-        self.lowerable = registry.has_lowering(op)
-        self.eager_reason = policy.reason if policy.handling in (Handling.EAGER, Handling.RANDOM) \
-            else "no XLA lowering"
-        self.decomposition = registry.decomposition(op)
-        self.functional = _functional_of_inplace(op) or _functional_of_out(op)
-        self.foreach = _per_tensor_of_foreach(op)
-        self.shape_only_random = policy.handling is Handling.RANDOM_LIKE
-        self.view = _view_of_copy(op)
-        self.cpu_indices = policy.cpu_indices
-        found = registry.find(op)
-        self.opmath_scalar = found.opmath_scalar if found else ""
-        # (position, name) of each Scalar argument eager checks (registry.Policy.checked_scalars)
-        self.checked_scalars = tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
-                                     if a.name in policy.checked_scalars)
-        self.fill = policy.fill
-
-
-def op_info(op) -> _OpInfo:
-    # Keyed by id: ops are process-wide singletons and OpOverload.__hash__ is Python code.
-    info = _OP_INFO.get(id(op))
-    if info is None:
-        info = _OP_INFO[id(op)] = _OpInfo(op)
-    return info
-
-
-@functools.cache
-def _c10_name(dtype: torch.dtype) -> str:
-    """c10's name of dtype in eager's overflow message (`at::Half` in torch 2.9, `c10::Half` in
-    2.13): asked of eager, which checks a fill of two elements."""
-    probe = 1e300 if dtype.is_floating_point or dtype.is_complex else 2 ** 62
-    try:
-        torch.full((2,), probe, dtype=dtype)
-    except RuntimeError as e:
-        found = re.search(r"to type (.+) without overflow", str(e))
-        if found:
-            return found.group(1)
-    return str(dtype)
-
-
-def _check_scalars(func, info: _OpInfo, args, kwargs, aval: Aval) -> None:
-    """Raise eager's error where a Scalar argument does not fit the type eager's
-    kernel converts it to (registry.Policy.checked_scalars): XLA would wrap it or make
-    it inf. The value is a Python constant, so this needs no sync."""
-    for position, name in info.checked_scalars:
-        value = args[position] if position < len(args) else kwargs.get(name)
-        if not isinstance(value, (int, float, complex)):
-            continue
-        dtype = aval.dtype
-        if info.opmath_scalar == name:
-            dtype = get_computation_dtype(dtype)  # float32 for float16 / bfloat16
-        elif func._overloadpacket is aten.pow and dtype in (torch.float32, torch.float64):
-            continue  # pow's float kernels read the exponent in double
-        if info.fill and dtype in (torch.float16, torch.bfloat16) and math.prod(aval.shape) == 1:
-            continue
-        if _overflows(value, dtype):
-            where = sources.describe(sources.capture())
-            raise RuntimeError(
-                f"{func}: value cannot be converted to type {_c10_name(dtype)} without overflow: "
-                f"{name}={value!r} does not fit {dtype}" + (f" (at {where})" if where else "")
-                + ". Pass a value in the tensor's range, or cast the tensor to a wider dtype first.")
-
-
-def _overflows(value, dtype: torch.dtype) -> bool:
-    """c10's `overflows<To, From>`, as checked_convert asks it: ints compare exactly, floats
-    as doubles; infinities fit a float type, NaN and infinities no integer type; an
-    unsigned type takes negative ints down to -max (they wrap); a complex value fits a
-    real type only with a zero imaginary part."""
-    if dtype is torch.bool or isinstance(value, bool):
-        return False
-    if dtype.is_complex:
-        limit = torch.finfo(dtype).max
-        return any(math.isfinite(part) and abs(part) > limit for part in (value.real, value.imag))
-    if isinstance(value, complex):
-        if value.imag != 0:
-            return True
-        value = value.real
-    if dtype.is_floating_point:
-        return math.isfinite(value) and abs(float(value)) > torch.finfo(dtype).max
-    info = torch.iinfo(dtype)
-    if isinstance(value, float):
-        return not math.isfinite(value) or value < float(info.min) or value > float(info.max)
-    lowest = -info.max if info.min == 0 else info.min
-    return value < lowest or value > info.max
-
-
-def _split(func, info: _OpInfo, args, kwargs):
-    """Separate tensors from constants.
-
-    Returns (template, tensors, signature): template has `Slot`s where tensors
-    (and lifted scalars) were; signature replaces tensors by their avals and is
-    the memo key for shape inference, with the default dtype, which meta
-    kernels read (int tensor / 4, arange(0., 3.), eye(2)).
-    """
-    tensors: list = []
-    arg_template, arg_signature = [], []
-    for value, lifted in zip(args, info.scalar_args):
-        t, sig = _split_one(value, tensors, lifted)
-        arg_template.append(t)
-        arg_signature.append(sig)
-    kw_template, kw_signature = [], []
-    for name, value in kwargs.items():
-        t, sig = _split_one(value, tensors, name in info.scalar_kwargs)
-        kw_template.append((name, t))
-        kw_signature.append((name, sig))
-    template = (tuple(arg_template), tuple(kw_template))
-    return template, tensors, (id(func), torch.get_default_dtype(), tuple(arg_signature), tuple(kw_signature))
-
-
-# Module-level, not nested: a recursive closure forms a reference cycle that
-# would keep every tensor it saw alive until the garbage collector runs.
-def _split_one(value, tensors: list, lifted: bool):
-    if isinstance(value, torch.Tensor):
-        tensors.append(value)
-        return Slot(len(tensors) - 1), (value.shape, value.dtype, value.stride())
-    if isinstance(value, (list, tuple)):
-        parts = [_split_one(v, tensors, False) for v in value]
-        return tuple(p[0] for p in parts), tuple(p[1] for p in parts)
-    if lifted and type(value) is float:
-        tensors.append(value)
-        return Slot(len(tensors) - 1), _LIFTED
-    if isinstance(value, torch.device):
-        return value, str(value)
-    if isinstance(value, (float, complex)):  # exact: 0.0 == -0.0, yet 1 / x tells them apart
-        return value, (value.__class__, repr(value))
-    return value, (value.__class__, value)
-
-
-# memo: signature -> (output avals, output structure, node signature bytes, template, output layouts).
-# A signature determines its template, so nodes share the memo's template: fewer
-# objects per recorded op outlive it, and Python's collector runs less often.
-# Bounded (~1.2 KB each; ever-new slice offsets would grow it without end): the oldest go first.
-_SHAPES_LIMIT = 8192
-_SHAPES: dict = PROCESS.memo("front.recorder: shapes", _SHAPES_LIMIT,
-                             "output avals per (op, input avals, constants): meta-tensor inference once")
-
-
-def _infer(func, template, tensors, signature):
-    cached = _SHAPES.get(signature)
-    if cached is not None:
-        return cached
-    metas = [_meta(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-    args, kwargs = fill(_meta_template(template), metas)
-    try:  # torch's meta kernel, or xlakit's own rule where that is CUDA-bound (registry.Policy.meta)
-        out = (registry.policy(func).meta or func)(*args, **kwargs)
-    except (DynamicOutputShapeException, DataDependentOutputException, NotImplementedError) as e:
-        raise NeedsEager("output shape depends on the data") from e
-    except RuntimeError as e:
-        if "meta" in str(e):  # "cannot repeat_interleave a meta tensor without output_size": it needs the data
-            raise NeedsEager(f"its meta kernel cannot say its output ({e})") from e
-        raise
-    layouts_of = out
-    view = op_info(func).view
-    if view is not None:  # a view_copy's strides and offset are its view's (the copy's are contiguous)
-        try:
-            layouts_of = view(*args, **kwargs)
-        except RuntimeError:  # a view its input's strides cannot give (a replay off a rewritten base)
-            pass
-    outputs = out if isinstance(out, (tuple, list)) else (out,)
-    if not all(o is None or isinstance(o, torch.Tensor) for o in outputs):
-        raise NeedsEager("returns Python values, not tensors")
-    # None: an output the op was asked not to compute (e.g. a backward's output_mask)
-    avals = tuple(None if o is None else Aval(tuple(o.shape), o.dtype) for o in outputs)
-    structure = type(out) if isinstance(out, (tuple, list)) else None
-    node_signature = repr((str(func), template, avals)).encode()
-    layouts = tuple(None if o is None else (o.stride(), o.storage_offset())
-                    for o in (layouts_of if isinstance(layouts_of, (tuple, list)) else (layouts_of,)))
-    result = _SHAPES[signature] = (avals, structure, node_signature, template, layouts)
-    return result
-
-
-def _meta(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=_META)
-
-
-def _meta_template(template):
-    args, kwargs = template
-    return tuple(_to_meta(a) for a in args), tuple((k, _to_meta(v)) for k, v in kwargs)
-
-
-def _to_meta(v):
-    if isinstance(v, torch.device):
-        return _META
-    if isinstance(v, tuple):
-        return tuple(_to_meta(x) for x in v)
-    return v
-
-
 def _operand(value, func, source, tensors: list):
     """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
@@ -376,12 +112,6 @@ def _mutate(func, functional, args, kwargs):
     return self
 
 
-def _functional_of_out(op):
-    """`eye.m_out` -> `eye.m`; None unless the op writes one `out` argument."""
-    outs = [a.name for a in op._schema.arguments if a.is_out]
-    return functional_variant(op) if outs == ["out"] else None
-
-
 def _write_out(functional, args, kwargs):
     """An out= op below functionalization (a composite kernel such as eye.m
     calls eye.m_out on an empty tensor): compute the functional op, then make
@@ -415,14 +145,14 @@ def _record(func, args, kwargs):
     expected = engine.expected_op(func) if id(func) not in verdicts.FAILED else None
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
         if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
-            _check_scalars(func, info, args, kwargs, expected.avals[0])
+            scalar_checks.check(func, info, args, kwargs, expected.avals[0])
         operands = engine.reused_operands(expected, args, kwargs)
         if operands is not None:
             node = Node(func, operands, expected.template, expected.avals, sources.capture(), expected.signature)
             engine.recorded(node, expected)
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
-    template, tensors, signature = _split(func, info, args, kwargs)
+    template, tensors, signature = op_shapes.split(func, info, args, kwargs)
     for t in tensors:  # a loop, not a generator: this runs for every recorded op
         if t.__class__ is not LazyTensor and isinstance(t, torch.Tensor) and t.dim() and not info.cpu_indices:
             return _with_host_tensor(func, args, kwargs, template, tensors, signature, t)
@@ -430,14 +160,14 @@ def _record(func, args, kwargs):
         return run_eagerly(func, args, kwargs, reason="a uint8 index is deprecated: eager's own path, warning "
                                                       "and errors (its meta kernel rejects it)")
     try:
-        avals, structure, node_signature, template, layouts = _infer(func, template, tensors, signature)
+        avals, structure, node_signature, template, layouts = op_shapes.infer(func, template, tensors, signature)
     except NeedsEager as e:
         return run_eagerly(func, args, kwargs, reason=str(e))
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
     if info.checked_scalars:
-        _check_scalars(func, info, args, kwargs, avals[0])
+        scalar_checks.check(func, info, args, kwargs, avals[0])
     if not info.lowerable:
         return run_eagerly(func, args, kwargs, reason=info.eager_reason)
     if id(func) in verdicts.FAILED:
@@ -491,10 +221,10 @@ def _with_host_tensor(func, args, kwargs, template, tensors, signature, host):
     copy of such a tensor and runs with the CPU tensor itself. The values may
     set the output's shape: eager."""
     try:
-        _infer(func, template, tensors, signature)
+        op_shapes.infer(func, template, tensors, signature)
     except Exception:  # noqa: BLE001 - the meta copy was refused: try the CPU tensor itself
-        metas = [_meta(t) if isinstance(t, LazyTensor) else t for t in tensors]
-        meta_args, meta_kwargs = fill(_meta_template(template), metas)
+        metas = [op_shapes.meta(t) if isinstance(t, LazyTensor) else t for t in tensors]
+        meta_args, meta_kwargs = fill(op_shapes.meta_template(template), metas)
         try:
             func(*meta_args, **meta_kwargs)
         except Exception as e:  # the meta kernel's own message follows, as the cause
@@ -611,8 +341,8 @@ def _clone(x, **kwargs):
 def _layout(func, args, kwargs):
     """(strides, storage offset) of func's first output in eager torch, from the shape memo."""
     info = op_info(func)
-    template, tensors, signature = _split(func, info, args, kwargs)
-    strides, offset = _infer(func, template, tensors, signature)[4][0]
+    template, tensors, signature = op_shapes.split(func, info, args, kwargs)
+    strides, offset = op_shapes.infer(func, template, tensors, signature)[4][0]
     return strides, offset + (_view_offset(func, tensors[0], template) if info.view is not None else 0)
 
 
@@ -746,28 +476,6 @@ def _assert_async(cond, assert_msg=None):
         checked = _record(aten._assert_async.msg, (cond, assert_msg), {})
     if isinstance(checked, LazyTensor):  # else it ran eagerly (its lowering failed before): checked there
         current().check_at_next_sync(checked._state)
-
-
-def functional_variant(op):
-    """`eye.m_out` -> `eye.m`: the overload named like the out= one, or else
-    the one with the same positional arguments (`arange.start_out` ->
-    `arange.start_step`: `arange.start` has no step)."""
-    packet = op._overloadpacket
-    name = op._overloadname.removesuffix("_out").removesuffix("out") or "default"
-    name = name.rstrip("_") or "default"
-    named = getattr(packet, name) if name in packet.overloads() else packet.default
-    positional = _positional_names(op)
-    if _positional_names(named) == positional:
-        return named
-    for overload in packet.overloads():
-        candidate = getattr(packet, overload)
-        if _positional_names(candidate) == positional and not any(a.is_out for a in candidate._schema.arguments):
-            return candidate
-    return named
-
-
-def _positional_names(op) -> list[str]:
-    return [a.name for a in op._schema.arguments if not a.kwarg_only]
 
 
 set_dispatcher(dispatch)

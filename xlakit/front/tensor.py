@@ -158,7 +158,7 @@ def own_at_write(t: torch.Tensor) -> None:
 
 
 def note_computed(t: torch.Tensor) -> None:
-    """An owned tensor's value computed outside a step (a compiled graph's replay copied into it):
+    """An owned tensor's value computed outside a step (a compiled call's output copied into it):
     what a step that then fails gives back (engine/check_results.py, values.dropped)."""
     owner = _OWNED.get(t)
     if owner is not None:

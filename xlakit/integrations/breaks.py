@@ -30,7 +30,7 @@ from ..core.ir import Aval, Frame
 from ..core.record import GraphInfo, NodeInfo, Output, ParamInfo, Trigger
 from ..front import install
 from ..front.recorder import DEVICE
-from . import dynamo, dynamo_reasons
+from . import dynamo, dynamo_reasons, fx_interpreter
 
 CONTEXT_LINES = 3  # source lines shown on each side of a break's line
 
@@ -49,8 +49,8 @@ class FxGraph:
 
     index: int
     graph: GraphInfo                             # torch-level ops, each with its module path and source line
-    compiled: dynamo.CompiledGraph | None        # executables, HLO splits, the aten graph by executable
-    backward: dynamo.CompiledGraph | None = None  # the same of its backward, where one ran
+    compiled: fx_interpreter.CompiledGraph | None  # executables, HLO splits, the aten graph by executable
+    backward: fx_interpreter.CompiledGraph | None = None  # the same of its backward, where one ran
 
     @property
     def ops(self) -> list[str]:

@@ -133,7 +133,7 @@ def _asks_for_nonfinite(node: Node) -> bool:
 
 
 class Watch:
-    """Collects, while a graph is traced (to_jax._replay), what its numerics output needs:
+    """Collects, while a graph is traced (to_jax._as_jax), what its numerics output needs:
     one (code, min, max) per floating value, and per node the values it reads and
     makes, by index. The per-node logic runs once, on arrays, in `output`: as scalar
     ops per node it was ~20 HLO ops a node, which tripled the Llama step's compile time."""

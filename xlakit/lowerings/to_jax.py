@@ -1,6 +1,6 @@
 """Graph -> jax function -> compiled executable.
 
-Each node is replayed on tracers inside jax.jit through its registered
+Each node is traced inside jax.jit through its registered
 lowering (registry.py: one JAX function per aten op; the families register
 theirs). Which ops become nodes at all, the registry's policies decide at
 record time.
@@ -74,7 +74,7 @@ class NodeFailedIndexError(NodeFailedError, IndexError):
     """A node computed eagerly on CPU raised an IndexError."""
 
 
-def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
+def _as_jax(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
             watch: numerics.Watch | None, guard: bool, *params):
     """The graph on tracers; its roots, then, if its lowerings asked for checks
     (recorded into `trace`; None: checks are off), one int64 array of (ok,
@@ -87,7 +87,7 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
         for position, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
             operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
             checks.at_node(position)
-            # the scope names the node in the HLO's op_name metadata ("jit(_replay)/%12 aten.mm.default/dot"),
+            # the scope names the node in the HLO's op_name metadata ("jit(_as_jax)/%12 aten.mm.default/dot"),
             # which no key sees: xlakit keys the graph, and JAX's disk cache drops locations
             with jax.named_scope(f"%{position} {node.op}"):
                 if node.op is sharding.MARK_SHARDING:
@@ -124,7 +124,7 @@ def _replay(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
     return (*roots, *extra)
 
 
-# the scope _replay names a node by, as it ends up in an instruction's op_name: "jit(_replay)/%12 aten.mm.default/dot"
+# the scope _as_jax names a node by, as it ends up in an instruction's op_name: "jit(_as_jax)/%12 aten.mm.default/dot"
 _NODE_SCOPE = re.compile(r"/%(\d+) ")
 
 
@@ -264,7 +264,7 @@ def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
     # that only lend their shape, e.g. to zeros_like)
     on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
     out_shardings = () if placement is None else placement.outputs
-    fn = jax.jit(functools.partial(_replay, graph, donors, trace, out_shardings, watch, guard),
+    fn = jax.jit(functools.partial(_as_jax, graph, donors, trace, out_shardings, watch, guard),
                  donate_argnums=donate, keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
         lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))

@@ -18,7 +18,7 @@ from ..core import sources
 from ..core.record import GraphInfo
 from ..integrations import breaks
 from ..integrations.breaks import BreakReport, FxGraph, GraphBreak
-from ..integrations.dynamo import CompiledGraph
+from ..integrations.fx_interpreter import CompiledGraph
 from . import graph_dot, graph_model
 from .render import STYLE
 from .views import Displayed

@@ -1,0 +1,77 @@
+"""What one execution's StepRecord says and where it goes: the buffers it donated,
+its donation note, the record built from its executable and graph (or, for a
+compiled graph run again, copied from that executable's previous record), then
+counted and logged, profiled inside `xlakit.profile()` and weighed against the
+recompile budget.
+"""
+from __future__ import annotations
+
+from ..analysis import budget
+from ..config import config
+from ..core.ir import DeviceData
+from ..core.record import Cache, DonatedBuffer, GraphInfo, StepRecord, Timings, Trigger
+from . import keys
+
+
+def donate(index: int, data: DeviceData) -> DonatedBuffer:
+    """Mark parameter `index`'s buffer as given to the executable (dead now); what the record says of it."""
+    data.donated, data.array = True, None
+    return DonatedBuffer(index, data.label, data.aval.shape, str(data.aval.dtype).removeprefix("torch."),
+                         data.aval.nbytes)
+
+
+def guarded(entry, donated: tuple, note: str) -> tuple[tuple, str]:
+    """What a step donated, and its note: a guarded executable (config.check_nans) donates nothing,
+    and the buffers it would have donated are freed once its outputs are known finite."""
+    if not donated or entry.numerics is None or not entry.numerics.guard:
+        return donated, note
+    freed = (f"config.check_nans keeps a step's inputs until its outputs are known finite: the {len(donated)} "
+             f"buffer(s) it would donate ({sum(d.nbytes for d in donated)} bytes) were freed after it instead")
+    return (), f"{note}; {freed}" if note else freed
+
+
+def append(engine, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
+           donated: tuple, timings: Timings, note: str, source: str | None,
+           changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> StepRecord:
+    """Append the record of an execution; returns it as built (xlakit.profile() may revise the
+    one logged: its profile is that run's alone)."""
+    return log(engine, StepRecord(
+        index=engine.log.next_index, trigger=trigger, key=key.key, components=dict(key.components),
+        metadata_digest=key.metadata_digest, cache=cache, donated=donated,
+        num_nodes=len(graph_info.nodes), num_inputs=len(graph_info.params),
+        num_outputs=len(graph_info.roots), timings=timings, graph=graph_info, changed=changed,
+        why=why, uses=entry.uses, donation_note=note, source=source, hlo=entry.hlo,
+        memory=entry.memory, cost=entry.cost, shardings=entry.shardings, collectives=entry.collectives,
+        replay=replay, numerics=numerics, cache_entries=len(engine.cache), hit_rate=engine.executables.hit_rate(),
+    ))
+
+
+def append_compiled_run(engine, entry, graph_info: GraphInfo, **run) -> None:
+    """A compiled run's record: what stays the same from one run of `entry` to the next (its graph,
+    key, HLO, memory, cost) is copied from the record of the previous one."""
+    previous = entry.last_run
+    if previous is None or previous.graph is not graph_info:  # another graph of the same key
+        entry.last_run = append(engine, entry, entry.key, graph_info, cache=Cache.HIT, **run)
+    else:
+        entry.last_run = log(engine, previous.rerun(
+            index=engine.log.next_index, donation_note=run.pop("note"), uses=entry.uses,
+            cache_entries=len(engine.cache), hit_rate=engine.executables.hit_rate(), **run))
+
+
+def log(engine, record: StepRecord) -> StepRecord:
+    """Count and keep one execution's record; returns it."""
+    engine.counters["executions"] += 1
+    if record.donated:
+        engine.counters["donated_buffers"] += len(record.donated)
+        engine.counters["donated_bytes"] += sum(d.nbytes for d in record.donated)
+    engine.log.append(record)
+    engine.trace_seconds = 0.0
+    if engine.profiling is not None:
+        changes = engine.profiling.profile(record)
+        if changes is not None:
+            engine.log.revise(record, **changes)
+    if config.max_recompiles is not None:
+        over = budget.LINES.observe(engine.log.records[-1], config.max_recompiles, config.strict_recompiles)
+        if over is not None:
+            budget.enforce(over)
+    return record
