@@ -153,7 +153,7 @@ def test_fx_graphs_group_nodes_by_module_and_draw_as_the_step_view_does():
     rows = widget.children[2]
     assert rows.selected_index is None and rows.get_title(0).startswith("break 1 at")
     tabs = rows.children[0].children[1]
-    graph = tabs.children[0].data
+    graph = tabs.children[0].graph
     assert [g["name"] for g in graph["groups"]][:3] == ["", "encoder", "encoder.0"]
     assert {i["title"] for i in graph["items"] if i["kind"] == "node"} == {"%0 linear", "%1 relu", "%2 linear", "%3 relu"}
     compiled = breaks_view.by_executable(before.compiled)
