@@ -74,3 +74,39 @@ def test_plan_pairs_each_donor_with_the_update_made_from_it_without_labels(dev):
     paired = dict(zip(planned.donors, planned.roots))
     assert paired[index[id(a_old)]] == cut.roots[0] and paired[index[id(b_old)]] == cut.roots[1]
     assert cut.labels == [None, None] and a_old.label is None and b_old.label is None
+
+
+# -- the one donation rule, on plain values: the scenarios of lazy steps and compiled calls ----
+def _buffer(read_only=False):
+    import jax.numpy as jnp
+    from xlakit.core.ir import Aval, DeviceData
+    return DeviceData(jnp.zeros(4), Aval((4,), torch.float32), read_only=read_only)
+
+
+class _Held:
+    """A live tensor's value holding `data` (stages.holders reads only that)."""
+    def __init__(self, data):
+        self.data = data
+
+
+def _why(buffer, holding, *, read=(), kept_by_update):
+    return stages.why_not_donated(buffer, stages.holders([_Held(d) for d in holding], {id(b) for b in read}),
+                                  kept_by_update=kept_by_update)
+
+
+def test_one_rule_decides_what_lazy_steps_and_compiled_calls_donate():
+    w, snapshot_source, host_copy = _buffer(), _buffer(), _buffer(read_only=True)
+    # the seed's donor scenario: w updated in place, its tensor holds the pending update
+    assert _why(w, [], kept_by_update=0) is None
+    # the save scenario: a tensor saved before the update (or a view's base) still holds w's buffer
+    assert _why(w, [w], kept_by_update=0) == stages.STILL_HELD
+    # a compiled call updates its input in place: the input's tensor holds the buffer, and may
+    assert _why(w, [w], kept_by_update=1) is None
+    # ... but not while a snapshot (x.clone(): the same value, another tensor) holds it too
+    assert _why(w, [w, w], kept_by_update=1) == stages.STILL_HELD
+    # pending work outside the call reads it, or the call is fed it twice
+    assert _why(w, [w], read=[w], kept_by_update=1) == stages.STILL_READ
+    # a host input's device copy, kept for the next call, and constants: never
+    assert _why(host_copy, [], kept_by_update=0) == stages.READ_ONLY
+    # another buffer's holders do not count
+    assert _why(w, [snapshot_source, snapshot_source], kept_by_update=1) is None

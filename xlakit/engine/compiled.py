@@ -19,12 +19,14 @@ lowering alone: one dispatch, not a step of its own.
 """
 from __future__ import annotations
 
-from ..core.ir import DeviceData, Graph, op_name, operand_data, pending_nodes
+import collections
+
+from ..core.ir import DeviceData, op_name, operand_data, pending_nodes
 from ..core.record import Trigger
 from ..lowerings import to_jax
 from ..lowerings.factories import FILLS
-from . import keys
-from .executor import Engine, compile_flags
+from . import stages
+from .executor import Engine
 
 
 def fill_constants(values: list) -> None:
@@ -43,25 +45,20 @@ def fill_constants(values: list) -> None:
             value.resolve()
 
 
-def unshared(engine: Engine, buffers: list[DeviceData]) -> bool:
-    """Whether each buffer is held by one live tensor only (the input that is updated)
-    and read by no pending computation. Tensors are counted, not values: a snapshot
-    `x.clone()` shares x's value, and its buffer was donated while it still held it."""
+def donatable(engine: Engine, buffers: list[DeviceData], fed: list[DeviceData]) -> bool:
+    """Whether a call fed `fed` may donate each of `buffers` (the inputs its graph updates in
+    place), by stages.why_not_donated's rule: each held by its input's tensor alone, read by no
+    pending computation, fed once."""
     wanted = {id(b) for b in buffers}
-    holders = dict.fromkeys(wanted, 0)
-    pending = []
-    for value in engine.held_values():
+    values = engine.held_values()
+    for value in values:
         value.resolve()
-        if value.data is not None and id(value.data) in wanted:
-            holders[id(value.data)] += 1
-        elif value.node is not None:
-            pending.append(value.node)
+    read = {i for i, n in collections.Counter(map(id, fed)).items() if n > 1}
+    pending = [v.node for v in values if v.node is not None]
     for node in pending_nodes(pending) if pending else ():
-        for operand in node.operands:
-            data = operand_data(operand)
-            if data is not None and id(data) in wanted:
-                return False
-    return all(n == 1 for n in holders.values())
+        read.update(id(d) for d in map(operand_data, node.operands) if d is not None and id(d) in wanted)
+    held = stages.holders(values, read)
+    return all(stages.why_not_donated(b, held, kept_by_update=1) is None for b in buffers)
 
 
 def run(engine: Engine, entry, arrays: list, donated: dict[int, DeviceData], *, metadata: str):

@@ -82,10 +82,44 @@ def read_later(graph: Graph, live) -> list[tuple[Node, int]]:
     return [(graph.nodes[pos], index) for pos, index in sorted(found)]
 
 
+# -- the one rule of what may be donated, for lazy steps and compiled calls alike -----------
+@dataclasses.dataclass(frozen=True)
+class Holders:
+    """What holds the buffers an execution could donate: per buffer (by id) the live tensors that
+    hold it, counted per tensor (a clone shares its source's value, and holds its buffer too),
+    and the buffers read by pending work outside the execution or fed to it twice."""
+
+    tensors: collections.Counter
+    read: frozenset = frozenset()
+
+
+def holders(values, read=frozenset()) -> Holders:
+    """`values`: the LiveValue of each live tensor, once per tensor."""
+    return Holders(collections.Counter(id(v.data) for v in values if v.data is not None), frozenset(read))
+
+
+STILL_HELD, STILL_READ, READ_ONLY = "still held", "still read", "read-only"
+
+
+def why_not_donated(buffer, held: Holders, *, kept_by_update: int) -> str | None:
+    """None where `buffer` may be donated: writable, held by no live tensor but the
+    `kept_by_update` its update goes to, and read by nothing else. A lazy step's updated
+    tensors already hold their pending updates (0); a compiled call's input still holds the
+    buffer its graph updates in place (1). Else why not."""
+    if buffer.read_only:
+        return READ_ONLY
+    if held.tensors[id(buffer)] > kept_by_update:
+        return STILL_HELD
+    if id(buffer) in held.read:
+        return STILL_READ
+    return None
+
+
 def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
-    """Donate a buffer iff this is a step marker, no live tensor still holds
-    it, it is writable, and an output of the same shape and dtype can take its
-    place.
+    """Donate a buffer iff this is a step marker, `why_not_donated` finds no reason
+    (writable, no live tensor still holds it: `live`, the live tensors' values, may
+    be deduplicated here, where any one holder keeps a buffer), and an output of the
+    same shape and dtype can take its place.
 
     JAX aliases each output to the earliest unused donor of its shape, in output
     order; a parameter's buffer given to, say, a gradient that is written while
@@ -106,7 +140,7 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
         return Plan(graph, cut.roots, (), "partial sync: never donates")
     if not donate:
         return Plan(graph, cut.roots, (), "donation turned off (xlakit.config.donate)")
-    held = {id(t.data) for t in live if t.data is not None}
+    held = holders(live)
     root_avals = graph.root_avals
     param_of = {id(p): i for i, p in enumerate(graph.params)}
     by_update, by_label = {}, {}
@@ -119,9 +153,10 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     taken: dict[int, int] = {}  # output -> donor
     candidates, still_read, read_only = [], 0, 0
     for i, p in enumerate(graph.params):
-        if p.read_only:
+        why = why_not_donated(p, held, kept_by_update=0)
+        if why == READ_ONLY:
             read_only += 1
-        elif id(p) in held:
+        elif why is not None:
             still_read += 1
         else:
             k = by_label.get((p.label, p.aval)) if p.label is not None else None

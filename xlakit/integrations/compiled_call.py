@@ -134,11 +134,8 @@ class CompiledCall:
         if not self.donors or any(values[i] is None for i in self.donors.values()):
             return {}
         buffers = {p: values[i].data for p, i in self.donors.items()}
-        fed = [id(v.data) for v in values if v is not None]
-        if any(fed.count(id(b)) != 1 for b in buffers.values()) or \
-                not compiled.unshared(current(), list(buffers.values())):
-            return {}
-        return buffers
+        fed = [v.data for v in values if v is not None]
+        return buffers if compiled.donatable(current(), list(buffers.values()), fed) else {}
 
 
 @dataclasses.dataclass(frozen=True)
