@@ -587,3 +587,19 @@ def test_integer_division_by_zero_raises_as_eager_does(dev, dtype):
             assert got is None and torch.equal(got_value, want_value), case
         else:
             assert isinstance(got, type(want)) and str(want).splitlines()[0] in str(got), case
+
+
+def test_a_step_with_two_bad_ops_raises_the_error_of_the_one_recorded_first(dev):
+    """Eager stops at the first bad op it runs. In the graph the second one's check comes first
+    here (graph order is not recording order): the step still raises the first one's error."""
+    table, x = torch.arange(4.0).to(dev), torch.ones(2, 3).to(dev)
+    with pytest.raises(IndexError):
+        torch.arange(4.0)[torch.tensor([9])]  # eager, at the first
+    first = table[torch.tensor([9]).to(dev)]                              # IndexError in eager
+    second = x.gather(1, torch.tensor([[7], [0]]).to(dev)).sum()          # RuntimeError in eager
+    total = first.sum() + second
+    del first, second
+    with pytest.raises(IndexError, match="index 9 is out of bounds"):
+        xlakit.mark_step()
+    with pytest.raises(IndexError):
+        total.cpu()

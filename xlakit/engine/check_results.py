@@ -71,9 +71,14 @@ class Step:
         return self.error(self.failed)
 
     def error(self, mask: int) -> Exception | None:
-        """The first failed check's exception among those in `mask`."""
-        failed = self.failed & mask
-        return self.errors[(failed & -failed).bit_length() - 1] if failed else None
+        """The exception of the failed check among those in `mask` whose op was recorded first
+        (eager stops at the first bad op it runs), or of the first in check order without a graph."""
+        failed = [k for k in self.errors if (self.failed & mask) >> k & 1]
+        if not failed:
+            return None
+        if self.graph is None:
+            return self.errors[min(failed)]
+        return self.errors[min(failed, key=lambda k: self.graph.nodes[self.checks[k].node].seq)]
 
     def first_failed(self, mask: int) -> int:
         """The recording order (Node.seq) of the earliest op among the failed checks in `mask`."""
