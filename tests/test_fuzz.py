@@ -308,24 +308,28 @@ def _loop_step(program, state, lazy: bool):
     return run.items
 
 
-def _fresh_step(program, state):
-    """The same step on copies of the state, recorded fresh: after another sync than the loop's,
-    whose runs the tape has not seen. Per state tensor: its value after the step, or the error."""
-    copies = [t.clone() for t in state]
+def _fresh_step(program, state, dev):
+    """The same step on copies of the state (host tensors: its values before the step), recorded
+    fresh: after another sync than the loop's, whose runs the tape has not seen. The copies are
+    moved to the device, so that they are the user's tensors as the loop's state is (what a failed
+    step gives back depends on it). Returns the type of the error the step raised, and per state
+    tensor its value after the step, or the error."""
+    copies = [t.to(dev) for t in state]
     xlakit.mark_step()  # the loop's last run ends here: it has no next step
+    raised = None
     try:
         run = _loop_body(program, copies, lazy=True)
         xlakit.mark_step()
         del run
-    except (IndexError, RuntimeError):
-        pass
+    except (IndexError, RuntimeError) as error:
+        raised = type(error)
     outcome = []
     for t in copies:
         try:
             outcome.append(t.cpu())
         except (IndexError, RuntimeError) as error:
             outcome.append(type(error))
-    return outcome
+    return raised, outcome
 
 
 @settings(max_examples=max(EXAMPLES // 4, 10), deadline=None, derandomize=not RANDOM,
@@ -343,13 +347,16 @@ def test_random_loops_replayed_after_a_change_match_eager(dev, seed, program, ch
         body = [changed(ins, change, new) for ins in program] if step >= change_at else program
         if change == "layout" and step == change_at:  # the state transposed in memory from here on
             eager, lazy = [t.t().contiguous().t() for t in eager], [t.t().contiguous().t() for t in lazy]
-        before = [t.clone() for t in lazy]  # clones record no op: the loop's run still replays
+        before = [t.cpu() for t in lazy]  # reads of computed values record no op: the run still replays
         try:
             want_items = _loop_step(body, eager, lazy=False)
         except (IndexError, RuntimeError) as error:  # bad input after the change: eager stops here
-            with pytest.raises(type(error)):
+            with pytest.raises((IndexError, RuntimeError)) as raised:
                 _loop_step(body, lazy, lazy=True)
-            fresh = _fresh_step(body, before)
+            fresh_error, fresh = _fresh_step(body, before, dev)
+            # the error of the first bad op eager ran, or of another a read in the step computed
+            # first (a partial sync computes only what it reads): as the step recorded fresh raises
+            assert raised.type is fresh_error, (step, body, raised.value, fresh_error, error)
             # each state tensor as the same step recorded fresh leaves it: its value, or poisoned
             # (test_a_write_after_a_failed_check_that_does_not_read_it_is_dropped says which)
             for k, (got, want) in enumerate(zip(lazy, fresh)):
