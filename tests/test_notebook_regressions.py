@@ -69,6 +69,24 @@ def test_a_step_view_is_one_widget_model(shell):
     assert len(shown) == 1 and {w.model_id for w in new} == {shown[0].model_id, shown[0].layout.model_id}
 
 
+@pytest.mark.parametrize("which", ["step", "graph"])
+def test_a_closed_view_is_freed(which):
+    """anywidget's watcher of an `_esm` file path held every instance: 90 closed views stayed alive."""
+    pytest.importorskip("anywidget")
+    import gc
+    import weakref
+
+    from xlakit.notebook.graph_widget import GraphWidget
+    from xlakit.notebook.step_widget import StepWidget
+
+    widget = StepWidget(header="", sections=[], graph={}) if which == "step" else GraphWidget(graph={})
+    alive = weakref.ref(widget)
+    widget.close()
+    del widget
+    gc.collect()
+    assert alive() is None
+
+
 def test_a_profiled_step_names_its_lines_by_cell_also_in_a_function_an_earlier_cell_defined(shell):
     defined = shell.execution_count
     run(shell, "def scaled(t):\n    return (t * 3).exp().sum()")[1].raise_error()

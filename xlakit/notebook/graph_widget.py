@@ -12,10 +12,13 @@ import traitlets
 from .graph_model import GraphView
 
 BUNDLE = pathlib.Path(__file__).parent / "static" / "graph.js"
+# The bundle's text, not its path: anywidget watches an `_esm` path for edits, and the watcher's
+# signal holds every instance made from it, so a closed view was never freed
+ESM = BUNDLE.read_text()
 
 
 class GraphWidget(anywidget.AnyWidget):
-    _esm = BUNDLE
+    _esm = ESM
     graph = traitlets.Dict().tag(sync=True)  # to_json's
 
 

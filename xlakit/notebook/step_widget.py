@@ -11,7 +11,7 @@ from . import graph_model, graph_widget, render
 
 
 class StepWidget(anywidget.AnyWidget):
-    _esm = graph_widget.BUNDLE
+    _esm = graph_widget.ESM
     header = traitlets.Unicode().tag(sync=True)  # HTML
     sections = traitlets.List().tag(sync=True)   # [title, HTML] per tab; the Graph tab's HTML is None
     graph = traitlets.Dict().tag(sync=True)      # graph_widget.to_json's, for the Graph tab
