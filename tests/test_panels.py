@@ -12,7 +12,7 @@ import xlakit
 from xlakit.analysis import flops, footprint
 from xlakit.core.ir import Aval, DeviceData, Graph
 from xlakit.core.record import GraphInfo, NodeInfo, Output, ParamInfo
-from xlakit.engine import executor
+from xlakit.engine import executables
 from xlakit.notebook import panels, render
 from xlakit.notebook.units import human_bytes
 
@@ -176,7 +176,7 @@ def test_a_peak_over_the_devices_memory_is_a_visible_warning(dev):
     # the engine's own warning, before the first run, names the user's line, not xlakit's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        executor._warn_if_too_big(small, _graph_with_params([x.shape]))
+        executables._warn_if_too_big(small, _graph_with_params([x.shape]))
     assert len(caught) == 1 and caught[0].filename == __file__
     assert "more than the device's" in str(caught[0].message)
     del y
