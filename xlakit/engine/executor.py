@@ -1,8 +1,9 @@
-"""The lazy executor: live tensors, syncs, donation plan, cache lookup, execution.
+"""The lazy executor: live tensors, syncs, execution.
 
-One `Engine` per process. Frontend tensors register here; a sync cuts a graph
-out of their pending IR, keys it, finds or compiles its executable, runs it,
-rebinds the tensors to the results and appends one StepRecord.
+One `Engine` per process; its public methods are how the rest of xlakit reaches it. Frontend
+tensors register here; a sync cuts a graph out of their pending IR (stages.py), keys it
+(keys.py), finds or compiles its executable (executables.py), runs it, rebinds the tensors to
+the results and appends one StepRecord (records.py).
 """
 from __future__ import annotations
 
@@ -16,12 +17,10 @@ import weakref
 import jax
 import torch
 
-from ..analysis import executable as analysis
-from ..analysis import misses
 from ..config import config
 from ..core import sharding, sources, transfer
-from ..core.ir import Aval, DeviceData, Graph, Node, operand_data, pending_nodes
-from ..core.record import NodeInfo, ParamInfo, StepLog, Timings, Trigger
+from ..core.ir import DeviceData, Graph, Node, operand_data, pending_nodes
+from ..core.record import StepLog, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
 from ..lowerings import numerics as numerics_lowering
