@@ -4,9 +4,12 @@ JAX's profiler times each instruction of the optimized HLO that runs ("fusion.3"
 "dot_general.7"); each node knows the instructions it became (NodeInfo.hlo_ops,
 read from the node scopes in their metadata), fused ones included. A top-level
 instruction's nodes are its own and those of the instructions inside the
-computations it calls (a fusion's body). Its time goes to those nodes by their
-share of the estimated FLOPs (analysis/flops.py; by output bytes where none has
-FLOPs), and from them to their modules and user lines. An instruction no node made
+computations it calls (a fusion's body). A node's estimated FLOPs (analysis/flops.py)
+go to the instructions that compute something of it, not to those that only move its
+result (a matmul's output bitcast or transposed in a copy fusion: given half the
+matmul's FLOPs, a 55 us transpose showed 610 GFLOP/s on a 2-core CPU). An
+instruction's time goes to its nodes by their share of its FLOPs (by output bytes
+where none has FLOPs there), and from them to their modules and user lines. An instruction no node made
 (a layout copy, a tuple) is XLA's own and says so.
 """
 from __future__ import annotations
@@ -26,6 +29,10 @@ _OWN = {"copy": "a layout copy XLA added", "copy-start": "an asynchronous copy X
         "copy-done": "an asynchronous copy XLA added", "tuple": "XLA's tuple of the outputs",
         "get-tuple-element": "XLA's read of a tuple", "bitcast": "a reinterpretation, no data moved",
         "parameter": "an input", "constant": "a constant"}
+# opcodes that move or re-view data, computing none of a node's FLOPs
+_MOVES = frozenset({"parameter", "constant", "bitcast", "copy", "transpose", "reshape", "broadcast", "slice",
+                    "dynamic-slice", "dynamic-update-slice", "concatenate", "pad", "tuple", "get-tuple-element",
+                    "reverse", "iota", "copy-start", "copy-done", "convert"})
 
 
 def _inside(name: str, module: hlo.Module) -> list[str]:
@@ -52,19 +59,26 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
     for index, node in enumerate(graph.nodes):
         for name in node.hlo_ops:
             made_by[name].append(index)
-    nodes_of = {op: sorted({n for inner in _inside(op, module) for n in made_by.get(inner, ())}) for op in seconds}
-    # a node that became several timed instructions shares its FLOPs among them
-    spread = defaultdict(int)
-    for nodes in nodes_of.values():
+    nodes_of, computes = {}, {}  # per timed instruction: its nodes, and those it computes something of
+    for op in seconds:
+        inner = [(module.instructions.get(name), made_by.get(name, ())) for name in _inside(op, module)]
+        nodes_of[op] = sorted({n for _, nodes in inner for n in nodes})
+        computes[op] = {n for instruction, nodes in inner if instruction is not None
+                        and instruction.opcode not in _MOVES for n in nodes}
+    # a node's FLOPs are shared among the instructions that compute it (all that hold it where none does)
+    places = defaultdict(list)
+    for op, nodes in nodes_of.items():
         for n in nodes:
-            spread[n] += 1
+            places[n].append(op)
+    sharing = {n: [op for op in ops if n in computes[op]] or ops for n, ops in places.items()}
 
     ops, by_module, by_line = [], defaultdict(float), defaultdict(float)
     for op, time in sorted(seconds.items(), key=lambda item: -item[1]):
         nodes = nodes_of[op]
         instruction = module.instructions.get(op)
         opcode = instruction.opcode if instruction else ""
-        shares = _shares(graph, nodes)
+        flops = [node_flops(graph, graph.nodes[n]) / len(sharing[n]) if op in sharing[n] else 0.0 for n in nodes]
+        shares = _shares(graph, nodes, flops)
         for n, share in zip(nodes, shares):
             node = graph.nodes[n]
             by_module[node.module or TOP_LEVEL] += time * share
@@ -76,7 +90,7 @@ def join(record: StepRecord, seconds: dict[str, float], *, device_seconds: float
         ops.append(ProfiledOp(
             hlo_op=op, seconds=time, nodes=tuple(nodes), module=main.module if main else "",
             source=main.source if main else None,
-            flops=sum(node_flops(graph, graph.nodes[n]) / spread[n] for n in nodes),
+            flops=sum(flops),
             bytes=float(_bytes(instruction, module)), opcode=opcode, split=len(nodes) > 1,
             xla_own="" if nodes else _own(instruction, module, graph)))
     op_seconds = sum(seconds.values())
@@ -109,13 +123,15 @@ def _input(parameter: hlo.Instruction) -> int | None:
     return int(parameter.arguments) if parameter.arguments.strip().isdigit() else None
 
 
-def _shares(graph: GraphInfo, nodes: list[int]) -> list[float]:
-    """Each node's share of an instruction's time: by estimated FLOPs, else by output bytes, else equal."""
-    for weigh in (lambda node: node_flops(graph, node), lambda node: sum(aval_bytes(a) or 0 for a in node.avals)):
-        weights = [weigh(graph.nodes[n]) for n in nodes]
-        total = sum(weights)
-        if total > 0:
-            return [w / total for w in weights]
+def _shares(graph: GraphInfo, nodes: list[int], flops: list[float]) -> list[float]:
+    """Each node's share of an instruction's time: by its FLOPs there, else by output bytes, else equal."""
+    total = sum(flops)
+    if total > 0:
+        return [f / total for f in flops]
+    weights = [sum(aval_bytes(a) or 0 for a in graph.nodes[n].avals) for n in nodes]
+    total = sum(weights)
+    if total > 0:
+        return [w / total for w in weights]
     return [1 / len(nodes)] * len(nodes) if nodes else []
 
 

@@ -71,7 +71,9 @@ class Profiling:
         except Exception as error:  # noqa: BLE001 - reported; the step itself ran
             _not_profiled(str(error))
             return None
-        seconds, device_seconds = _per_run(events, hlo.parse(entry.hlo).name or None, self.runs)
+        module = hlo.parse(entry.hlo)
+        later_done = {i.name for i in module.instructions.values() if i.opcode in _ASYNC_ON_HOST}
+        seconds, device_seconds = _per_run(events, module.name or None, self.runs, later_done)
         measured = join.join(record, seconds, device_seconds=device_seconds, runs=self.runs,
                              overhead_seconds=self._copy_seconds + time.perf_counter() - t0,
                              platform=jax.default_backend())
@@ -105,11 +107,22 @@ def _trace(compiled, inputs: list, donated: list[bool], runs: int):
         return jax.profiler.ProfileData.from_file(path)
 
 
-def _per_run(data, module: str | None, runs: int) -> tuple[dict[str, float], float]:
+# XLA:CPU runs these as asynchronous thunks (Eigen's matmuls and convolutions): the event ends when
+# the work is handed to the thread pool, not when it is done. In a Llama training step (hidden 256,
+# 512 tokens) two 134 MFLOP dots had 253 us events each, back to back, then no op ran for 1.35 ms
+# while the pool did their work: read alone, 530 GFLOP/s each on a 2-core CPU whose whole step
+# averaged 21-84 GFLOP/s (the roofline's 1.1-1.6 TFLOP/s points were these and fusions given a
+# matmul's FLOPs, analysis/profile.py). The idle time after them is theirs.
+_ASYNC_ON_HOST = frozenset({"dot", "convolution"})
+
+
+def _per_run(data, module: str | None, runs: int, later_done: set[str] = frozenset()) \
+        -> tuple[dict[str, float], float]:
     """(each HLO instruction's seconds in one run, the executable's device seconds): medians
     over the runs; a step on several devices, the mean of a device's. A device's planes where
     they have op events (a GPU's host plane has its launches too), else the host's (XLA:CPU);
-    its "XLA Ops" line where it has one."""
+    its "XLA Ops" line where it has one. On the host, an instruction of `later_done` (asynchronous
+    there) also gets the idle time while its work was in flight."""
     found = []  # (plane is a device's, line name, op, (run, device), start ns, duration ns)
     for plane in data.planes:
         for line in plane.lines:
@@ -129,6 +142,8 @@ def _per_run(data, module: str | None, runs: int) -> tuple[dict[str, float], flo
     for _, _, op, (run, device), start, duration in found:
         by_run[run].append((op, start, duration))
         devices[run].add(device)
+    if not any(e[0] for e in found):
+        by_run = {run: _idle_to_async(events, later_done) for run, events in by_run.items()}
     groups = [(events, len(devices[run])) for run, events in by_run.items()]
     no_ids = len(groups) == 1 and None in by_run  # all runs in one group
     totals, spans = defaultdict(list), []
@@ -143,3 +158,20 @@ def _per_run(data, module: str | None, runs: int) -> tuple[dict[str, float], flo
                      * (1 / runs if no_ids else 1.0))
     seconds = {op: statistics.median(times + [0.0] * (len(groups) - len(times))) for op, times in totals.items()}
     return seconds, statistics.median(spans) if spans else 0.0
+
+
+def _idle_to_async(events: list[tuple[str, int, int]], later_done: set[str]) -> list[tuple[str, int, int]]:
+    """`events` (op, start ns, duration ns) with each stretch in which no op ran shared equally among
+    the ops of `later_done` dispatched since the one before: the work still in flight then. (Where
+    another op ran beside such work, their shares of that time are not told apart.)"""
+    events = sorted(events, key=lambda e: e[1])
+    extra, in_flight, busy_until = defaultdict(int), [], None
+    for op, start, duration in events:
+        if busy_until is not None and start > busy_until and in_flight:
+            for k in in_flight:
+                extra[k] += (start - busy_until) / len(in_flight)
+            in_flight = []
+        if op in later_done:
+            in_flight.append((op, start))
+        busy_until = start + duration if busy_until is None else max(busy_until, start + duration)
+    return [(op, start, duration + extra.get((op, start), 0)) for op, start, duration in events]

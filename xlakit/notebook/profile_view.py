@@ -3,7 +3,8 @@
 Time by module as a collapsible tree with bars (as the Cost tab's estimates, here
 measured), the user lines that cost most, the slowest ops with their nodes, lines
 and HLO, each op's achieved FLOP/s and bytes/s from the estimates and its measured
-time, and the step's timeline: trace, lower, compile, run, and the device's time.
+time, and the step's timeline: trace, lower, compile and execute one after the other,
+and the profiled run's device time beside execute.
 Static HTML, no scripts: a saved page shows it as the notebook did.
 """
 from __future__ import annotations
@@ -52,16 +53,29 @@ def _summary(record: StepRecord, p: ProfileInfo) -> str:
 
 
 def _timeline(record: StepRecord, p: ProfileInfo) -> str:
-    """One bar per phase of the step, on one scale: where its wall time went."""
+    """The step's phases on one time axis, each starting where the one before ended (the Cache and
+    time tab's numbers); the profiled run's device time starts with execute, the run it measures."""
     t = record.timings
+    execute = "execute" if t.waited else "dispatch"
     phases = [("trace", t.trace, "#9aa0a6"), ("lower", t.lower, "#a142f4"), ("compile", t.compile, "#f29900"),
-              ("run" if t.waited else "dispatch", t.execute, "#1a73e8"), ("device", p.device_seconds, "#188038")]
-    longest = max(s for _, s, _ in phases) or 1.0
-    rows = "".join(f'<tr><td>{name}</td><td><svg width="240" height="9"><rect width="240" height="9" fill="#eee"/>'
-                   f'<rect width="{240 * s / longest:.1f}" height="9" fill="{color}"/></svg></td>'
-                   f'<td class="num">{_us(s)}</td></tr>' for name, s, color in phases)
-    return ('<h5>Timeline (this step; "device" is the profiled run on the device)</h5>'
-            f'<table class="xlakit-profile-timeline">{rows}</table>')
+              (execute, t.execute, "#1a73e8")]
+    starts, at = [], 0.0
+    for _, seconds, _ in phases:
+        starts.append(at)
+        at += seconds
+    phases.append(("device", p.device_seconds, "#188038"))
+    starts.append(starts[-1])
+    end = max(at, starts[-1] + p.device_seconds) or 1.0
+    width = 320
+    rows = "".join(f'<tr><td>{name}</td><td><svg width="{width}" height="11"><rect width="{width}" height="11" '
+                   f'fill="#eee"/><rect x="{width * start / end:.1f}" width="{max(1.0, width * s / end):.1f}" '
+                   f'height="11" fill="{color}"/></svg></td><td class="num">{_us(start)}</td>'
+                   f'<td class="num">{_us(s)}</td></tr>'
+                   for (name, s, color), start in zip(phases, starts))
+    return (f'<h5>Timeline of this step (wall clock: each phase starts where the one before ended; "device" is '
+            f"the profiled run of the same executable, measured on the device, drawn from {execute}'s start)</h5>"
+            '<table class="xlakit-profile-timeline"><tr><th>phase</th><th></th><th>starts at</th><th>takes</th>'
+            f"</tr>{rows}</table>")
 
 
 @dataclasses.dataclass
@@ -133,8 +147,8 @@ def _ops(record: StepRecord, p: ProfileInfo) -> str:
         hlo = html.escape(hlo_lines.get(op.hlo_op, op.hlo_op))
         rows.append(f'<tr><td title="{hlo}">{html.escape(op.hlo_op)}</td><td class="num">{_us(op.seconds)}</td>'
                     f"<td>{op.seconds / p.op_seconds:.0%}</td><td>{made}</td>"
-                    f"<td>{html.escape(op.module or ('' if op.nodes else '-'))}</td><td{line_title}>{line}</td>"
-                    f"<td>{human_flops(op.flops)}</td><td>{human_bytes(round(op.bytes))}</td>"
+                    f"<td>{html.escape(op.module or ('' if op.nodes else '-'))}</td><td class=\"line\"{line_title}>{line}</td>"
+                    f'<td class="num">{human_flops(op.flops)}</td><td class="num">{human_bytes(round(op.bytes))}</td>'
                     f'<td class="num">{_rate(op.flops, op.seconds, "FLOP/s")}</td>'
                     f'<td class="num">{_rate(op.bytes, op.seconds, "B/s")}</td></tr>')
     rest = f"<div>and {len(p.ops) - TOP_OPS} faster ops</div>" if len(p.ops) > TOP_OPS else ""
@@ -153,36 +167,63 @@ def _kind(module: str) -> str:
 
 def _roofline(p: ProfileInfo) -> str:
     """Each op with FLOPs as a point: FLOPs per byte (x) against achieved FLOP/s (y), both on
-    log scales. Low on the left: few FLOPs per byte, bound by memory bandwidth."""
+    log scales with a tick and a grid line at each power of ten. Low on the left: few FLOPs per
+    byte, bound by memory bandwidth."""
     points = [op for op in p.ops if op.flops > 0 and op.bytes > 0 and op.seconds > 0]
     if len(points) < 2:
         return ""
     xs = [math.log10(op.flops / op.bytes) for op in points]
     ys = [math.log10(op.flops / op.seconds) for op in points]
-    x0, x1, y0, y1 = min(xs), max(xs) + 1e-9, min(ys), max(ys) + 1e-9
-    width, height, left, bottom = 360, 200, 60, 24
-    out = [f'<svg class="xlakit-roofline" width="{width + left + 10}" height="{height + bottom + 10}" '
-           'font-size="9" font-family="monospace">',
-           f'<rect x="{left}" y="0" width="{width}" height="{height}" fill="none" stroke="#ccc"/>',
-           f'<text x="2" y="9">{_rate(10 ** y1, 1, "FLOP/s")}</text>',
-           f'<text x="2" y="{height}">{_rate(10 ** y0, 1, "FLOP/s")}</text>',
-           f'<text x="{left}" y="{height + 12}">{10 ** x0:.2g} FLOP/B</text>',
-           f'<text x="{left + width - 60}" y="{height + 12}">{10 ** x1:.2g} FLOP/B</text>']
+    # whole decades around the points, so that every point lies inside and each axis has ticks
+    x0, x1 = math.floor(min(xs)), max(math.ceil(max(xs)), math.floor(min(xs)) + 1)
+    y0, y1 = math.floor(min(ys)), max(math.ceil(max(ys)), math.floor(min(ys)) + 1)
+    width, height, left, top, bottom = 400, 220, 92, 8, 58
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * width
+
+    def py(y: float) -> float:
+        return top + height - (y - y0) / (y1 - y0) * height
+
+    out = [f'<svg class="xlakit-roofline" width="{left + width + 24}" height="{top + height + bottom}" '
+           'font-size="11" font-family="monospace">']
+    # a grid line at every power of ten, a label where there is room for it (~48 px across, 16 px up)
+    every_x, every_y = math.ceil(48 / (width / (x1 - x0))), math.ceil(16 / (height / (y1 - y0)))
+    for k in range(x0, x1 + 1):
+        label = (f'<text x="{px(k):.1f}" y="{top + height + 16}" text-anchor="middle">{_decade(k)}</text>'
+                 if (k - x0) % every_x == 0 else "")
+        out.append(f'<line class="grid" x1="{px(k):.1f}" y1="{top}" x2="{px(k):.1f}" y2="{top + height + 4}" '
+                   f'stroke="#e0e0e0"/>{label}')
+    for k in range(y0, y1 + 1):
+        label = (f'<text x="{left - 6}" y="{py(k) + 4:.1f}" text-anchor="end">{_rate(10.0 ** k, 1, "FLOP/s")}</text>'
+                 if (k - y0) % every_y == 0 else "")
+        out.append(f'<line class="grid" x1="{left - 4}" y1="{py(k):.1f}" x2="{left + width}" y2="{py(k):.1f}" '
+                   f'stroke="#e0e0e0"/>{label}')
+    out.append(f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" stroke="#999"/>'
+               f'<text x="{left + width / 2}" y="{top + height + 32}" text-anchor="middle">FLOPs per byte moved</text>')
     for op, x, y in zip(points, xs, ys):
-        cx = left + (x - x0) / (x1 - x0) * (width - 8) + 4
-        cy = height - (y - y0) / (y1 - y0) * (height - 8) - 4
         color = dict(_KIND_COLORS)[_kind(op.module)]
         title = (f"{op.hlo_op} [{op.module or 'top level'}]: {_us(op.seconds)}, {op.flops / op.bytes:.2f} FLOP/B, "
                  f"{_rate(op.flops, op.seconds, 'FLOP/s')}")
-        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3" fill="{color}" fill-opacity="0.7">'
+        out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}" fill-opacity="0.7">'
                    f"<title>{html.escape(title)}</title></circle>")
-    legend = "".join(f'<rect x="{left + 90 * i}" y="{height + 17}" width="8" height="8" fill="{color}"/>'
-                     f'<text x="{left + 90 * i + 11}" y="{height + 25}">{kind}</text>'
-                     for i, (kind, color) in enumerate(_KIND_COLORS))
-    out.append(legend + "</svg>")
+    out.extend(f'<rect x="{left + 100 * i}" y="{top + height + 42}" width="9" height="9" fill="{color}"/>'
+               f'<text x="{left + 100 * i + 13}" y="{top + height + 51}">{kind}</text>'
+               for i, (kind, color) in enumerate(_KIND_COLORS))
+    out.append("</svg>")
+    cpu = ("<div>On a CPU, XLA runs matmuls and convolutions asynchronously on its thread pool: such an op's "
+           "time is its event and the idle time while its work was in flight; where another op ran beside it, "
+           "that op's time holds part of it.</div>" if p.platform == "cpu" else "")
     return ("<h5>Measured against estimated: each op's FLOPs per byte and achieved FLOP/s (log scales)</h5>"
-            "<div>Ops on the left do few FLOPs per byte they move: memory bandwidth bounds them. JAX reports "
-            "no peak FLOP/s or bandwidth for the device, so no roof is drawn.</div>" + "".join(out))
+            "<div>An op's FLOPs are xlakit's estimate, its bytes its operands' and result's in the optimized HLO. "
+            "Ops on the left do few FLOPs per byte they move: memory bandwidth bounds them. JAX reports "
+            f"no peak FLOP/s or bandwidth for the device, so no roof is drawn.</div>{cpu}"
+            f'<div class="xlakit-scroll">{"".join(out)}</div>')
+
+
+def _decade(k: int) -> str:
+    """10^k as a tick label: 1e-5, 0.01, 0.1, 1, 10, 100, 1e4."""
+    return f"{10.0 ** k:g}" if -2 <= k <= 3 else f"1e{k}"
 
 
 def _hlo_lines(text: str | None) -> dict[str, str]:
