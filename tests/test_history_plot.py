@@ -34,3 +34,24 @@ def test_no_steps_is_said(dev):
     xlakit.reset()
     assert history_plot.text([]) == "No steps yet."
     assert "No steps yet." in history_plot.HistoryPlot([])._repr_html_()
+
+
+def test_a_step_loaded_from_the_disk_cache_has_its_mark_and_the_text_is_readable(dev):
+    """On a second run, steps loaded from the disk cache showed "compile" bars and no mark under
+    them, though the legend promised one under each compile; 9 px text, 10 px bars."""
+    import dataclasses
+
+    from xlakit.core.record import Cache
+
+    xlakit.reset()
+    y = torch.ones(40).to(dev).cumsum(0) * 2.5
+    xlakit.mark_step()
+    loaded = dataclasses.replace(xlakit.steps()[-1], cache=Cache.PERSISTENT_HIT)
+    page = history_plot.HistoryPlot([("cell 1", loaded)])._repr_html_()
+    rings = re.findall(r'<circle class="loaded".*?<title>(.*?)</title>', page)
+    assert rings == [f"step {loaded.index} loaded its executable from the disk cache (not compiled)"]
+    assert "loaded from the disk cache (ring)" in page
+    assert min(int(s) for s in re.findall(r'font-size="(\d+)"', page)) >= 11
+    bars = re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="([\d.]+)" height="[\d.]+" fill="#\w+"><title>step', page)
+    assert len(bars) == 3 and min(float(w) for w in bars) >= 12
+    del y

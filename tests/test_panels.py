@@ -223,3 +223,103 @@ def test_the_widget_has_a_titled_tab_per_section(dev):
     sections = StepView(xlakit.last_step()).widget().sections
     assert [title for title, _ in sections] == ["Graph", "Key", "Why", "Donation", "Cache and time", "Memory", "Cost"]
     del y
+
+
+def _cells(row: str) -> int:
+    return row.count("<td") + row.count("<th")
+
+
+def test_numerics_header_has_a_column_per_row_cell_and_bars_share_one_scale(dev):
+    """The header had five columns, the rows six; and each bar was on its own dtype's scale, so an f32
+    module 2^121 below overflow drew a bar as long as an f16 one 2^14 below it."""
+    import math
+    import re
+
+    from xlakit.core.record import ModuleRange, NumericsInfo
+    from xlakit.notebook import numerics_view
+
+    y = torch.ones(4).to(dev) * 2
+    xlakit.mark_step()
+    f32, f16 = torch.finfo(torch.float32), torch.finfo(torch.float16)
+    ranges = {"a": ModuleRange(absmax=f32.max / 2 ** 121, dtype="f32", limit=f32.max, tiny=f32.tiny),
+              "b": ModuleRange(absmax=f16.max / 2 ** 14, dtype="f16", limit=f16.max, tiny=f16.tiny)}
+    record = dataclasses.replace(xlakit.steps()[-1], numerics=NumericsInfo(ranges=ranges))
+    page = numerics_view.html_panel(record)
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", page)
+    assert len(rows) == 3 and {_cells(r) for r in rows} == {6}
+    # one log2 scale: the bar ends at log2(absmax) on it, whatever the dtype
+    low, high = math.log2(f32.tiny), math.log2(f32.max)
+    for path, r in ranges.items():
+        row = next(row for row in rows if f"<td>{path}</td>" in row)
+        x, width = map(float, re.search(r'class="xlakit-bar" x="([\d.]+)" y="2" width="([\d.]+)"', row).groups())
+        end = low + (x + width) / numerics_view.BAR_WIDTH * (high - low)
+        assert end == pytest.approx(math.log2(r.absmax), abs=0.2)
+    assert "the same for every row" in page
+    del y
+
+
+def test_an_unnamed_input_says_what_reads_it(dev):
+    """7 of the 10 largest inputs of the quickstart's GPT-2 step showed as "(unnamed)"."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4)).to(dev)
+    data = torch.randn(8, 64).to(dev)
+    record = sgd_step(dev, model, data)
+    rows = panels.memory_html(record)
+    assert "(unnamed)" not in rows
+    data_input = next(b for b in footprint.buffers(record) if b.kind == "input" and b.aval == "f32[8,64]")
+    assert data_input.label.startswith("unnamed input (data or an earlier step's value), read by %")
+    assert " in 0 at " in data_input.label and "test_panels.py" in data_input.label
+
+
+def test_the_cost_tab_says_the_ranges_check_adds_to_xlas_count(dev, monkeypatch):
+    """A 64-64-8 MLP: the estimate is 99% of XLA's count, 66% with --ranges (its checks are XLA's ops)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
+    x = torch.randn(32, 64).to(dev)
+    y = model(x).sum()
+    xlakit.mark_step()
+    assert "ranges check" not in panels.cost_html(xlakit.last_step())
+    monkeypatch.setattr(xlakit.config, "record_ranges", True)
+    y = model(x).sum()
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    assert record.numerics.ranges and "XLA's count also holds the ranges check's ops" in panels.cost_html(record)
+    del y
+
+
+def test_why_summarizes_a_long_list_of_donated_inputs():
+    """A GPT-2 step's Why tab listed its 80 donated inputs one by one."""
+    from xlakit.analysis import misses
+
+    def graph(donated):
+        return GraphInfo(nodes=(), params=tuple(ParamInfo("f32[2]", None, i in donated) for i in range(100)),
+                         roots=())
+
+    now = {2, 3, 4, 5, 6, 7, 9, *range(17, 22), 25, *range(28, 33), 34, *range(38, 44), *range(50, 90)}
+    lines = misses.explain_miss({"donors": "b"}, graph(now), {"donors": "a"}, graph(set()))
+    assert lines == [f"donated inputs now {len(now)} (2-7, 9, 17-21, 25, 28-32, 34, ...), was none"]
+
+
+def test_tables_scroll_in_their_own_box_and_text_is_at_least_11px(dev):
+    """A Profile tab's table was 1099-1145 px wide in a 928-1102 px tab: cut ("FL" for FLOP/s), the
+    tab's only scrollbar under 3333 px of it; its "line" column wrapped a word a line."""
+    import re
+
+    from xlakit.notebook import profile_view
+
+    style = render.STYLE
+    table_rule = re.search(r"\.xlakit-step table\{([^}]*)\}", style).group(1)
+    assert "display:block" in table_rule and "overflow-x:auto" in table_rule and "max-width:100%" in table_rule
+    assert re.search(r"\.xlakit-step td\.line\{white-space:nowrap\}", style)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
+    x = torch.randn(16, 32).to(dev)
+    for i in range(2):
+        with xlakit.profile() if i else xlakit.capture() as steps:
+            model(x).square().mean().backward()
+            xlakit.mark_step()
+    page = render.html_view(steps[-1])
+    assert page.count('<td class="line"') == min(len(steps[-1].profile.ops), profile_view.TOP_OPS)
+    sizes = [int(s) for s in re.findall(r'font-size="(\d+)"', page)]
+    sizes += [int(s) for s in re.findall(r"font-size:(\d+)px", page)]
+    assert sizes and min(sizes) >= 11

@@ -41,7 +41,7 @@ def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph,
     if "donors" in changed:
         now = [i for i, p in enumerate(new_graph.params) if p.donated]
         was = [i for i, p in enumerate(old_graph.params) if p.donated]
-        lines.append(f"donated inputs now {now}, was {was}")
+        lines.append(f"donated inputs now {_numbers(now)}, was {_numbers(was)}")
     if "shardings" in changed and len(new_graph.params) == len(old_graph.params):
         lines += _sharding_differences(new_graph, old_graph, limit, alone=not {"graph", "inputs"} & set(changed))
     lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
@@ -71,3 +71,21 @@ def _differences(what: str, new: list, old: list, limit: int) -> list[str]:
 
 def _at(source) -> str:
     return f" at {sources.describe(source)}" if source else ""
+
+
+RUNS_SHOWN = 6
+
+
+def _numbers(indices: list[int]) -> str:
+    """'28 (2-7, 9, 17-21, ...)': how many, and the first runs of consecutive indices (a GPT-2
+    training step listed its 80 donated inputs one by one)."""
+    if not indices:
+        return "none"
+    runs = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:RUNS_SHOWN])
+    return f"{len(indices)} ({shown}{', ...' if len(runs) > RUNS_SHOWN else ''})"

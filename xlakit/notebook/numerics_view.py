@@ -1,7 +1,8 @@
 """The Numerics panel of a step view (rec.numerics): the op that made the
 step's first NaN or infinity (config.check_nans), and per module how large its
 values got against its dtype's limits (config.record_ranges, %%xla_step
---ranges), as plain text and as static HTML (bars on a log scale).
+--ranges), as plain text and as static HTML (bars on one log scale for all rows,
+each over its dtype's range).
 
 A module is marked *near overflow* when its largest value is within 2^4 of its
 dtype's largest finite value in bfloat16 or float16 (the dtypes a training
@@ -90,24 +91,35 @@ def html_panel(record: StepRecord) -> str:
         line = _no_origin(n)
         parts.append(f"<div>{html.escape(line[0].upper() + line[1:])}.</div>")
     if n.ranges:
+        rows = sorted(n.ranges.items(), key=lambda item: item[1].headroom)
+        scale = (min(math.log2(r.tiny) for _, r in rows), max(math.log2(r.limit) for _, r in rows))
         parts.append("<div>The largest absolute value each module's ops computed (forward, "
-                     "<code>backward.&lt;module&gt;</code> for the gradients into it, <code>optimizer</code>), "
-                     "on a log scale from its dtype's smallest normal value to its largest finite value. "
+                     "<code>backward.&lt;module&gt;</code> for the gradients into it, <code>optimizer</code>). "
+                     f"Each bar is on one log2 scale, from 2^{scale[0]:.0f} to 2^{scale[1]:.0f}, the same for every "
+                     "row: its grey band is the row's dtype's range (smallest normal value to largest finite "
+                     "value), the bar ends at the module's largest value, so bars of different dtypes compare. "
                      "Marked: within 2^4 of overflow in bf16/f16, and underflowing to zero.</div>")
-        rows = "".join(_row(path, r) for path, r in sorted(n.ranges.items(), key=lambda item: item[1].headroom))
         parts.append('<table class="xlakit-numerics"><tr><th>module</th><th>dtype</th><th>abs max</th>'
-                     f"<th>headroom</th><th></th></tr>{rows}</table>")
+                     f"<th>headroom</th><th>on one log2 scale</th><th>mark</th></tr>"
+                     f"{''.join(_row(path, r, scale) for path, r in rows)}</table>")
     return "".join(parts)
 
 
-def _row(path: str, r: ModuleRange) -> str:
+BAR_WIDTH = 300
+
+
+def _row(path: str, r: ModuleRange, scale: tuple[float, float]) -> str:
+    def x(log2: float) -> float:
+        return (log2 - scale[0]) / (scale[1] - scale[0]) * BAR_WIDTH
+
     low, high = math.log2(r.tiny), math.log2(r.limit)
-    at = math.log2(r.absmax) if r.absmax > 0 else low
-    width = max(0.0, min(1.0, (at - low) / (high - low))) * 100
+    at = min(max(math.log2(r.absmax), low), high) if r.absmax > 0 else low
     mark = "near overflow" if near_overflow(r) else "underflows" if r.underflows else ""
     color = "#d93025" if mark == "near overflow" else "#f9ab00" if mark else "#1a73e8"
     headroom = "&infin;" if r.absmax == 0 else f"2^{math.log2(r.headroom):.1f}"
-    bar = (f'<div style="width:200px;background:#eee"><div class="xlakit-bar" '
-           f'style="width:{width:.1f}%;height:8px;background:{color}"></div></div>')
+    bar = (f'<svg width="{BAR_WIDTH}" height="10"><rect x="{x(low):.1f}" width="{x(high) - x(low):.1f}" '
+           f'height="10" fill="#e8eaed"><title>{r.dtype}: 2^{low:.0f} to 2^{high:.0f}</title></rect>'
+           f'<rect class="xlakit-bar" x="{x(low):.1f}" y="2" width="{max(1.0, x(at) - x(low)):.1f}" height="6" '
+           f'fill="{color}"/></svg>')
     return (f'<tr class="{mark.replace(" ", "-")}"><td>{html.escape(module_name(path))}</td><td>{r.dtype}</td>'
             f"<td>{r.absmax:.3g}</td><td>{headroom}</td><td>{bar}</td><td>{mark}</td></tr>")

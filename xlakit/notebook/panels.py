@@ -111,7 +111,7 @@ def _buffers_table(record: StepRecord) -> str:
     return (f"<h5>Inputs and outputs{scope}</h5>"
             f'<table class="xlakit-roles"><tr><th></th><th>buffers</th><th>bytes</th></tr>{roles}</table>'
             "<h5>The largest</h5>"
-            '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or what made it</th><th>aval</th>'
+            '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or the op that made or reads it</th><th>aval</th>'
             f"<th>bytes</th><th>donation</th></tr>{body}</table>")
 
 
@@ -159,6 +159,10 @@ def _versus(estimate: float, record: StepRecord) -> str:
     if cost is None or not cost.flops:
         return ""
     why = "XLA counts the fused, simplified program, and some ops its own way"
+    if record.numerics is not None and record.numerics.ranges is not None:
+        # a 64-64-8 MLP's forward: 99% of XLA's count, 66% with record_ranges (+148 kFLOP of checks)
+        why += ("; here XLA's count also holds the ranges check's ops (config.record_ranges, --ranges: "
+                "each module's largest value), which this estimate leaves out")
     devices = record.memory.devices if record.memory else 1
     if devices == 1:
         return f", {estimate / cost.flops:.0%} of XLA's count ({why})"

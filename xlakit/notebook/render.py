@@ -16,9 +16,14 @@ from ..core.record import Backend, Cache, StepRecord, Timings
 from . import graph_dot, numerics_view, panels, profile_view, sharding_view
 from .units import human_bytes
 
-# left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific
+# left-aligned cells `!important`: nbconvert's pages carry JupyterLab's right-aligned ones, more specific.
+# A table or picture wider than its tab scrolls in its own box (as a block, as wide as its content up to
+# the tab's width): a Profile tab's ops table was 1099-1145 px in a 928-1102 px tab, and the tab's only
+# scrollbar was at the bottom of the 3333 px tab, its sentences cut at the right.
 STYLE = """<style>
-.xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0}
+.xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0;display:block;
+overflow-x:auto;max-width:100%;width:fit-content}.xlakit-step .xlakit-scroll{overflow-x:auto;max-width:100%}
+.xlakit-step td.line{white-space:nowrap}
 .xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left !important}
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
@@ -43,9 +48,9 @@ def summary_lines(record: StepRecord, name: str | None) -> list[str]:
 
 
 def replay_line(record: StepRecord) -> str:
-    """'2000 ops replayed, 0 recorded' and, if it stopped matching, where (engine/tape.py)."""
+    """'2000 ops replayed, 0 traced one by one' and, if it stopped matching, where (engine/tape.py)."""
     replay = record.replay
-    line = f"{replay.replayed} ops replayed, {replay.recorded} recorded"
+    line = f"{replay.replayed} ops replayed, {replay.recorded} traced one by one"
     return f"{line}; {replay.why}" if replay.why else line
 
 
@@ -113,6 +118,13 @@ def donation_lines(record: StepRecord) -> list[str]:
     if record.donation_note:
         lines.append(f"  {_not_donated(record)}: {record.donation_note}")
     return lines
+
+
+def donated_size(record: StepRecord) -> str:
+    """The bytes donated; "unknown" where the executor did not say (torch_xla on a cache hit)."""
+    if not record.donated and record.backend is not Backend.XLAKIT and record.cache is Cache.HIT:
+        return "unknown"
+    return human_bytes(record.donated_bytes)
 
 
 def donation_table(record: StepRecord) -> str:
@@ -228,7 +240,7 @@ def history_text(rows: list[tuple[str, StepRecord]]) -> str:
              f"{'peak memory':>11}"]
     for name, r in rows:
         lines.append(f"{r.index:>4} {name[:16]:<16} {r.trigger:<10} {r.key[:12]:<12} {r.cache:<15} "
-                     f"{human_bytes(r.donated_bytes):>10} {_peak(r):>11}")
+                     f"{donated_size(r):>10} {_peak(r):>11}")
     return "\n".join(lines)
 
 
@@ -236,7 +248,7 @@ def history_html(rows: list[tuple[str, StepRecord]]) -> str:
     body = "".join(
         f"<tr><td>{r.index}</td><td>{html.escape(name)}</td><td>{r.trigger}</td><td>{r.key[:12]}</td>"
         f"<td>{r.cache}</td><td>{_ms(r.timings.compile)}</td><td>{_execute_ms(r.timings)}</td>"
-        f"<td>{human_bytes(r.donated_bytes)}</td><td>{_peak(r)}</td></tr>" for name, r in rows)
+        f"<td>{donated_size(r)}</td><td>{_peak(r)}</td></tr>" for name, r in rows)
     table = (f'<table class="xlakit-history"><tr><th>#</th><th>cell/name</th><th>trigger</th><th>key</th>'
              f"<th>cache</th><th>compile</th><th>execute</th><th>donated</th><th>peak memory</th></tr>"
              f"{body}</table>")
@@ -253,9 +265,9 @@ def _time_plot(rows: list[tuple[str, StepRecord]]) -> str:
     if not rows:
         return ""
     peak = max(max(r.timings.compile, r.timings.execute) for _, r in rows) or 1.0
-    bar, height = 10, 80
-    parts = [f'<svg class="xlakit-history-plot" width="{len(rows) * (2 * bar + 4) + 10}" height="{height + 14}" '
-             f'font-size="9" font-family="monospace">']
+    bar, height = 12, 100
+    parts = [f'<div class="xlakit-scroll"><svg class="xlakit-history-plot" width="{len(rows) * (2 * bar + 4) + 10}" '
+             f'height="{height + 16}" font-size="11" font-family="monospace">']
     for k, (_, r) in enumerate(rows):
         x = 5 + k * (2 * bar + 4)
         for j, (value, color) in enumerate(((r.timings.compile, "#f29900"), (r.timings.execute, "#1a73e8"))):
@@ -263,6 +275,6 @@ def _time_plot(rows: list[tuple[str, StepRecord]]) -> str:
             parts.append(f'<rect x="{x + j * bar}" y="{height - h:.1f}" width="{bar - 1}" height="{h:.1f}" '
                          f'fill="{color}"><title>step {r.index} {"compile" if j == 0 else "execute"} '
                          f'{_ms(value)}</title></rect>')
-        parts.append(f'<text x="{x}" y="{height + 11}">{r.index}</text>')
-    parts.append("</svg>")
+        parts.append(f'<text x="{x}" y="{height + 13}">{r.index}</text>')
+    parts.append("</svg></div>")
     return "".join(parts)
