@@ -111,7 +111,8 @@ def _buffers_table(record: StepRecord) -> str:
     return (f"<h5>Inputs and outputs{scope}</h5>"
             f'<table class="xlakit-roles"><tr><th></th><th>buffers</th><th>bytes</th></tr>{roles}</table>'
             "<h5>The largest</h5>"
-            '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or the op that made or reads it</th><th>aval</th>'
+            '<table class="xlakit-buffers"><tr><th>buffer</th><th>name, or the op that made or reads it</th>'
+            '<th>aval</th>'
             f"<th>bytes</th><th>donation</th></tr>{body}</table>")
 
 

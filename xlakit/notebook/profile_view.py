@@ -147,7 +147,8 @@ def _ops(record: StepRecord, p: ProfileInfo) -> str:
         hlo = html.escape(hlo_lines.get(op.hlo_op, op.hlo_op))
         rows.append(f'<tr><td title="{hlo}">{html.escape(op.hlo_op)}</td><td class="num">{_us(op.seconds)}</td>'
                     f"<td>{op.seconds / p.op_seconds:.0%}</td><td>{made}</td>"
-                    f"<td>{html.escape(op.module or ('' if op.nodes else '-'))}</td><td class=\"line\"{line_title}>{line}</td>"
+                    f"<td>{html.escape(op.module or ('' if op.nodes else '-'))}</td>"
+                    f'<td class="line"{line_title}>{line}</td>'
                     f'<td class="num">{human_flops(op.flops)}</td><td class="num">{human_bytes(round(op.bytes))}</td>'
                     f'<td class="num">{_rate(op.flops, op.seconds, "FLOP/s")}</td>'
                     f'<td class="num">{_rate(op.bytes, op.seconds, "B/s")}</td></tr>')
