@@ -5,7 +5,7 @@ import torch
 from IPython.utils.capture import capture_output
 
 import xlakit
-from xlakit.notebook import graph_svg
+from xlakit.notebook import graph_svg, render
 
 from programs import chain_record
 
@@ -65,6 +65,34 @@ def test_history_lists_every_step_and_clears(shell):
     run(shell, "%xla_history --clear")
     texts, _, _ = run(shell, "%xla_history")
     assert "hist" not in texts[-1]
+
+
+def test_history_keeps_the_record_limit_set_after_import(shell, monkeypatch):
+    """Its length was fixed at import: a config.record_limit of 50 set later kept 120."""
+    from xlakit.notebook import magics
+
+    run(shell, "%xla_history --clear")
+    monkeypatch.setattr(xlakit.config, "record_limit", 3)
+    for i in range(5):
+        run(shell, f"%%xla_step --name limit --quiet\nq = torch.ones(2).to(dev) + {i}")
+    assert [name for name, _ in magics.HISTORY] == ["limit"] * 3
+    assert [r.index for _, r in magics.HISTORY] == [r.index for r in xlakit.steps()[-3:]]
+
+
+def test_history_says_unknown_donated_for_a_torch_xla_cache_hit(dev):
+    """torch_xla says what it donates only when it compiles: the step view said unknown, the history 0 B."""
+    import dataclasses
+
+    from xlakit.core.record import Backend, Cache
+
+    y = torch.ones(3).to(dev) * 2
+    xlakit.mark_step()
+    hit = dataclasses.replace(xlakit.steps()[-1], backend=Backend.TORCH_XLA, cache=Cache.HIT, donated=())
+    assert render.donation_lines(hit)[0].startswith("unknown")
+    assert render.history_text([("cell 1", hit)]).splitlines()[1].split()[6] == "unknown"
+    assert "<td>unknown</td>" in render.history_html([("cell 1", hit)])
+    assert "0 B" in render.history_text([("cell 1", dataclasses.replace(hit, backend=Backend.XLAKIT))])
+    del y
 
 
 def test_graph_renders_without_graphviz(monkeypatch, dev):

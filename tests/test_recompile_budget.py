@@ -55,17 +55,23 @@ def test_strict_raises_after_the_step_computed_its_values(dev, monkeypatch):
     assert x.cpu().tolist() == [3.0] * 11
 
 
-def test_xla_step_max_compiles_counts_the_cells_steps(shell, monkeypatch):
+def test_xla_step_max_compiles_counts_the_steps_of_one_run_of_the_cell(shell, monkeypatch):
     from test_notebook import run
 
     monkeypatch.setattr(xlakit.config, "strict_recompiles", False)
-    cell = "%%xla_step --name budget --quiet --max-compiles 1\nb = torch.ones({n}).to(dev).cumsum(0).mul(1.75).sum()"
+    cell = ("%%xla_step --name budget --quiet --max-compiles 1\n"
+            "for n in {sizes}:\n    b = torch.ones(n).to(dev).cumsum(0).mul(1.75).sum()\n    xlakit.mark_step()")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for n in (20, 20, 21):
-            run(shell, cell.format(n=n))
+        run(shell, cell.format(sizes=(20, 20, 21)))
         assert not [w for w in caught if issubclass(w.category, RecompileWarning)]
-        run(shell, cell.format(n=22))
+        _, _, result = run(shell, cell.format(sizes=(24, 25, 26)))
+        assert result.success, result.error_in_exec
     over = [str(w.message) for w in caught if issubclass(w.category, RecompileWarning)]
     assert len(over) == 1 and "cell 'budget' compiled 2 times" in over[0] and "(--max-compiles 1)" in over[0]
-    assert "f32[22], was f32[21]" in over[0]
+    assert "f32[26], was f32[25]" in over[0]
+    # the storm fixed: a run within the budget does not warn, whatever the earlier runs compiled
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(shell, cell.format(sizes=(27, 27, 27)))
+    assert not [w for w in caught if issubclass(w.category, RecompileWarning)]

@@ -45,7 +45,7 @@ def test_a_training_step_replays_after_it_was_recorded_and_matches_eager(dev):
             torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
     # the first two steps follow other syncs (the step before the loop, the first marker),
     # the third records, from the fourth on they replay
-    assert "not recorded" in replays[1].why and replays[2].recorded > 0
+    assert "not kept for replay" in replays[1].why and replays[2].recorded > 0
     assert replays[-1].recorded == 0 and replays[-1].replayed > 50 and replays[-1].why == ""
     assert replays[-2] == replays[-1]
     assert replays[0].recorded > 0 and replays[0].why
@@ -122,11 +122,12 @@ def test_runs_that_keep_differing_are_recorded_ever_more_seldom_and_stay_eagers(
         xlakit.mark_step()
         replays.append(last().replay)
         torch.testing.assert_close(out.cpu(), steps[i % 2](x))
-    assert "the first run after this sync: not recorded" in replays[1].why
+    assert "the first run of the code after this step marker: traced, not kept for replay" in replays[1].why
     assert [r.why.split(" (")[0] for r in replays[3:6]] == \
         ["op 0 is now `aten.add.Tensor`, was `aten.mul.Tensor`", "op 0 is now `aten.mul.Tensor`, was `aten.add.Tensor`",
          "op 0 is now `aten.add.Tensor`, was `aten.mul.Tensor`"]
-    assert replays[6].why == "not recorded: the last 3 runs after this sync each differed from the one before"
+    assert replays[6].why == ("not kept for replay: the last 3 runs of the code after this step marker each differed "
+                              "from the one before")
     for i in range(14, 14 + tape.BACKOFF + 2):
         out = steps[0](lx)
         xlakit.mark_step()

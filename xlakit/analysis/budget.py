@@ -4,7 +4,7 @@ A training loop should compile once (its first step, maybe a second for the opti
 state) and then hit the cache; one that compiles at every step (a changing shape, a Python
 number baked into the graph) spends its time in XLA's compiler. `config.max_recompiles`
 counts the compiles of the steps each user line ran after its first one (the line of the
-step marker in a loop); `%%xla_step --max-compiles N` counts a cell's. Over the budget, a
+step marker in a loop); `%%xla_step --max-compiles N` counts one run of a cell's. Over the budget, a
 warning (with `config.strict_recompiles`, an error) names each miss's why and compile time.
 """
 from __future__ import annotations

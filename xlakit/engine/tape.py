@@ -110,7 +110,7 @@ class Run:
         self._memo: _CutMemo | None = None
         self.ops = 0
         self.replayed = 0
-        self.why = why or ("" if expected is not None else "no earlier run began at this sync")
+        self.why = why or ("" if expected is not None else "no earlier run began at this step marker")
         self.sources_changed = False
         self.misses = 0                          # runs in a row at its sync, this one included, mostly recorded
         self.wait = 0                            # runs at its sync left unrecorded before one records again
@@ -417,16 +417,16 @@ class Tape:
             self._runs[run.start] = run  # the first run at its sync: the next one records
         before = self._runs.get(start)
         if before is None:
-            self._run = Run(start, None, recording=False, why="the first run after this sync: not recorded")
+            self._run = Run(start, None, recording=False, why="the first run of the code after this step marker: traced, not kept for replay")
         elif not before.recording:
-            self._run = Run(start, before, why="the run before it after this sync was not recorded: this one is")
+            self._run = Run(start, before, why="the second run of the code after this step marker: kept, the next runs replay it")
         elif before.wait == 0:
             self._run = Run(start, before)
         else:
             before.wait -= 1
             self._run = Run(start, before, recording=False,
-                            why=f"not recorded: the last {before.misses} runs after this sync each differed from "
-                                f"the one before")
+                            why=f"not kept for replay: the last {before.misses} runs of the code after this step marker "
+                                f"each differed from the one before")
         return run
 
 

@@ -17,11 +17,18 @@ from ..core.state import PROCESS
 from .history_plot import HistoryPlot
 from .views import HistoryView, StepView
 
-# (cell name, record) for the steps run under %%xla_step, oldest first: the
-# newest config.record_limit, like the log the records come from
+# (cell name, record) for the steps run under %%xla_step, oldest first: the newest
+# config.record_limit, like the log the records come from, as it is when each step is kept
+# (a deque's maxlen, fixed at import, kept 120 after a later record_limit of 50)
 HISTORY: collections.deque[tuple[str, StepRecord]] = PROCESS.keep(
-    "notebook.magics: %xla_history", collections.deque(maxlen=config.record_limit), bound="config.record_limit",
+    "notebook.magics: %xla_history", collections.deque(), bound="config.record_limit",
     why="%xla_history lists the steps %%xla_step ran")
+
+
+def _keep(name: str, record: StepRecord) -> None:
+    HISTORY.append((name, record))
+    while len(HISTORY) > max(config.record_limit, 0):
+        HISTORY.popleft()
 
 
 @contextlib.contextmanager
@@ -50,8 +57,8 @@ class XlaMagics(Magics):
     @argument("--profile", action="store_true",
               help="measure each step's executable with JAX's profiler (a Profile tab: time per module, line, op)")
     @argument("--max-compiles", type=int, default=None, metavar="N",
-              help="warn (config.strict_recompiles: raise) when this cell's steps compile more than N times "
-                   "after its first step")
+              help="warn (config.strict_recompiles: raise) when one run of this cell compiles more than N "
+                   "times after its first step")
     @argument("--profile-runs", type=int, default=1, metavar="N",
               help="with --profile: run each executable N times and keep the median (default 1)")
     @argument("--backend", choices=list(Backend), default=Backend.XLAKIT,
@@ -76,12 +83,12 @@ class XlaMagics(Magics):
             for record in records:
                 previous = next((r for n, r in reversed(HISTORY)
                                  if n == name and r.backend == record.backend), None)
-                HISTORY.append((name, record))
+                _keep(name, record)
                 if not args.quiet:
                     display(StepView(record, name, previous, args.hlo))
         if args.max_compiles is not None:
-            cell_steps = [r for n, r in HISTORY if n == name]
-            over = budget.over_budget(f"cell {name!r}", budget.recompiles(cell_steps), args.max_compiles,
+            # this run's steps: a cell fixed after a recompile storm is within its budget again
+            over = budget.over_budget(f"cell {name!r}", budget.recompiles(records), args.max_compiles,
                                       f"--max-compiles {args.max_compiles}")
             if over is not None:
                 budget.enforce(over)
