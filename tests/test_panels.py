@@ -311,6 +311,7 @@ def test_tables_scroll_in_their_own_box_and_text_is_at_least_11px(dev):
     table_rule = re.search(r"\.xlakit-step table\{([^}]*)\}", style).group(1)
     assert "display:block" in table_rule and "overflow-x:auto" in table_rule and "max-width:100%" in table_rule
     assert re.search(r"\.xlakit-step td\.line\{white-space:nowrap\}", style)
+    assert re.search(r"\.xlakit-step h5\{font-size:13px", style)  # a browser's default h5 is 0.83em: 10.8 px
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8)).to(dev)
     x = torch.randn(16, 32).to(dev)

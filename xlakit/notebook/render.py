@@ -23,7 +23,7 @@ from .units import human_bytes
 STYLE = """<style>
 .xlakit-step table{border-collapse:collapse;font-family:monospace;font-size:12px;margin:4px 0;display:block;
 overflow-x:auto;max-width:100%;width:fit-content}.xlakit-step .xlakit-scroll{overflow-x:auto;max-width:100%}
-.xlakit-step td.line{white-space:nowrap}
+.xlakit-step td.line{white-space:nowrap}.xlakit-step h5{font-size:13px;margin:8px 0 2px 0}
 .xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left !important}
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
