@@ -403,6 +403,8 @@ def test_a_break_row_of_explain_opens_on_its_source_and_the_graphs_beside_it(ser
     nodes = widget.locator("g.xlakit-node.node")
     assert nodes.count() == 3 and "linear" in nodes.first.text_content()  # linear, relu, linear
     assert widget.locator("g.xg-frame").count() == 4  # encoder, encoder.0, encoder.1, encoder.2
+    # its canvas as tall as the graph, not the 620 px a large one gets
+    assert widget.locator(".xg-canvas").bounding_box()["height"] < 560
     node, _ = pick(widget, "g.xlakit-node.node", "relu")
     node.click()
     details = widget.locator(".xg-details").inner_text()
