@@ -1,7 +1,10 @@
 """How long the step view takes for 5000-node graphs (target: each under 1 s). `--quick`: tiny graphs.
 
 Two graphs: a Llama training step of ~5000 nodes (15 layers: grouped by module)
-and a 5000-op chain with no modules (grouped by source line, then runs).
+and a 5000-op chain with no modules (grouped by source line, then runs); and
+three 20,000-node graphs made without running a step (tests/programs.py's
+SHAPES: 5000 sibling modules, 6 levels of modules, none), for the view model,
+the static page's drawing and tables, and the widget.
 In Python: building the view, its static SVG (Graphviz dot), and a step
 view's whole display (HTML and widget). In Chromium (Playwright, Debian's /usr/bin/chromium): the
 graph widget's bundle on a page of its own, given the same data a notebook's
@@ -30,7 +33,7 @@ import torch  # noqa: E402
 from xlakit.notebook import graph_dot, graph_model, graph_widget, views  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from programs import chain_record, llama_record  # noqa: E402  (the graphs tests/test_graph_view.py draws too)
+from programs import SHAPES, chain_record, llama_record, module_chain  # noqa: E402  (the graphs tests/test_graph_view.py draws too)
 
 REPEATS = 5
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -153,12 +156,23 @@ def main():
         if os.path.exists(CHROMIUM):
             row.update(browser_timings(data, query=record.graph.nodes[-1].op))
         rows.append(row)
-    columns = [c for c in rows[0] if c != "graph"]
+    for shape, modules in SHAPES.items():
+        graph = module_chain(modules[:len(modules) // 100] if quick else modules)
+        view = graph_model.build(graph)
+        data = graph_widget.to_json(view)
+        row = {"graph": f"{len(graph.nodes)} nodes, modules: {shape}",
+               "view model": median_ms(lambda: graph_model.build(graph)),
+               "static SVG (dot)": median_ms(lambda: graph_dot.to_svg(view, graph), min(3, REPEATS)),
+               "static groups (details)": median_ms(lambda: graph_dot.groups_html(view)),
+               "widget data KiB": len(json.dumps(data)) / 1024}
+        if os.path.exists(CHROMIUM):
+            row.update(browser_timings(data, query="add"))
+        rows.append(row)
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}; ms, median of {REPEATS} (dot, display: {min(3, REPEATS)})\n")
     for row in rows:
         print(f"### {row['graph']}")
         print("| measure | value |\n|---|---|")
-        for c in columns:
+        for c in [c for c in row if c != "graph"]:
             unit = "" if c.endswith(("KiB", "at first")) else " ms"
             print(f"| {c} | {row.get(c, float('nan')):.0f}{unit} |")
         print()

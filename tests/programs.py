@@ -2,6 +2,7 @@
 import torch
 
 import xlakit
+from xlakit.core.record import GraphInfo, NodeInfo, Output, ParamInfo
 
 
 def llama_record(layers: int, steps: int = 2):
@@ -32,6 +33,20 @@ def chain_record(ops: int):
         x = x + 0.5
     xlakit.mark_step()
     return xlakit.last_step()
+
+
+def module_chain(modules: list[str]) -> GraphInfo:
+    """A graph (no step run) of one add per entry of `modules`, in a chain, each recorded in that module."""
+    nodes = [NodeInfo("aten.add.Tensor", (0 if i == 0 else Output(i - 1, 0), 0), ("f32[8]",), None, module=m)
+             for i, m in enumerate(modules)]
+    return GraphInfo(tuple(nodes), (ParamInfo("f32[8]", "w", False),), (Output(len(nodes) - 1, 0),))
+
+
+# 20,000-node graphs of the shapes a view must fold: a flat nn.Sequential's 5000 modules in the root,
+# 6 levels of 4 submodules, no modules at all
+SHAPES = {"flat": [str(i // 4) for i in range(20_000)],
+          "deep": [".".join(f"b{(i >> s) & 3}" for s in range(12, 0, -2)) for i in range(20_000)],
+          "no modules": [""] * 20_000}
 
 
 def donating_then_plain(t0, t1):

@@ -10,7 +10,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 BENCHMARKS = {
     "training": (600, ["| xlakit lazy |", "| jax.jit (donating) |", "### Recompiles:", "### Memory of the AdamW step",
                        "### In-graph checks"]),
-    "render": (600, ["| static SVG (dot) |", "| open (first draw) |"]),
+    "render": (600, ["| static SVG (dot) |", "| open (first draw) |", "| static groups (details) |"]),
     "real_models": (900, ["| xlakit lazy |", "| jax.jit (donating) |", "| second (same cache dir) |",
                           "| xlakit torch.compile, whole step |"]),
     "moe": (900, ["| jax.jit ragged_dot, the floor |", "| xlakit lazy (grouped_mm) |"]),

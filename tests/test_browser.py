@@ -5,7 +5,8 @@ JupyterLab runs notebooks/01_quickstart.ipynb and shows its step views (graph,
 key table, donation table naming a parameter): docs/quickstart.png, which the
 README shows. Both frontends run a small Llama's training steps and use the
 interactive graph: open a closed module group and close it again, search, and
-click a node for its details (a screenshot of each); then the step view's tabs. The screenshots go to
+click a node for its details (a screenshot of each); then the step view's tabs, each
+screenshotted and checked for content sticking out of its box (docs/img/). The screenshots go to
 docs/ only under `make screenshots` (XLAKIT_SCREENSHOTS=docs): a test run
 leaves the tree as it found it.
 """
@@ -40,7 +41,8 @@ LLAMA_CELLS = [
     "                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)\n"
     "torch.manual_seed(0)\nmodel = transformers.LlamaForCausalLM(cfg).to(dev)\n"
     "opt = torch.optim.AdamW(model.parameters(), lr=1e-3)\nids = torch.randint(0, 64, (2, 8)).to(dev)",
-    *["%%xla_step --name train\nopt.zero_grad()\nmodel(input_ids=ids, labels=ids).loss.backward()\nopt.step()"] * 2,
+    *[f"%%xla_step --name train{flags}\nopt.zero_grad()\nmodel(input_ids=ids, labels=ids).loss.backward()\nopt.step()"
+      for flags in ("", " --profile --nans")],  # the second view has every tab
     "print('all cells ran')",
 ]
 
@@ -237,7 +239,8 @@ def pick(widget, selector: str, text: str = ""):
 
 
 def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebooks, page, shots):
-    """Over 20 s: a Llama training step run in the browser's kernel, its graph widget driven by clicks."""
+    """Over 20 s: two Llama training steps (the second profiled) run in the browser's kernel, the
+    graph widget driven by clicks, each tab of the step view clicked and screenshotted."""
     frontend, _, _ = server
     run_all(page, server, "llama.ipynb")
     no_errors_shown(page)
@@ -246,6 +249,12 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
     shown_once(page, 2)
     output = widget.locator("xpath=ancestor::div[contains(@class, 'jp-OutputArea-output')]")
     widget.scroll_into_view_if_needed()
+    fits_its_canvas(widget)
+    # Notebook 7's sticky toolbar does not cover the search box, and the view is not in a scrolled output box
+    assert widget.evaluate("w => { const r = w.querySelector('.xg-search').getBoundingClientRect();"
+                           "return document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2)"
+                           " === w.querySelector('.xg-search'); }")
+    assert output.evaluate("o => { const a = o.closest('.jp-OutputArea'); return a.scrollHeight <= a.clientHeight + 1; }")
     assert widget.locator("g.xlakit-node.changed").count() > 0
     assert widget.locator("g.xlakit-node.group.closed").count() > 0  # 700+ nodes open grouped
     output.screenshot(path=str(shots / f"graph_{frontend}_open.png"))
@@ -263,6 +272,7 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
     header.click(position={"x": min(24, size["width"] / 2), "y": size["height"] / 2})  # its title, at the left
     widget.locator(f"g.closed[data-group='{index}']").wait_for(timeout=5_000)
     assert int(widget.get_attribute("data-boxes")) == before
+    fits_its_canvas(widget)  # re-centred: as at first
 
     # search: every softmax, forward and backward, of both layers; the first one shown and selected
     widget.locator(".xg-search").fill("softmax")
@@ -284,7 +294,68 @@ def test_the_graph_widget_opens_closes_searches_and_shows_details(server, notebo
         assert row in details, details
     assert widget.locator("g.xlakit-node.selected").count() == 1
     output.screenshot(path=str(shots / f"graph_{frontend}_details.png"))
-    tabs_switch(widget.locator("xpath=ancestor::*[contains(@class, 'xlakit-step-view')]"))
+    view = widget.locator("xpath=ancestor::*[contains(@class, 'xlakit-step-view')]")
+    tabs_switch(view)
+    every_tab_fits(view, shots / "img", frontend)
+
+
+# The boxes of the graph outside the part of its canvas the details panel leaves, and how many there are
+_OUTSIDE = """widget => {
+  const c = widget.querySelector('.xg-canvas').getBoundingClientRect();
+  const right = Math.min(c.right, widget.querySelector('.xg-details').getBoundingClientRect().left);
+  const boxes = [...widget.querySelectorAll('g.xg-box, g.xg-frame')];
+  const outside = boxes.filter(n => { const r = n.getBoundingClientRect();
+    return r.left < c.left - 0.5 || r.top < c.top - 0.5 || r.right > right + 0.5 || r.bottom > c.bottom + 0.5; });
+  return [outside.map(n => n.textContent.slice(0, 40)), boxes.length];
+}"""
+
+
+def fits_its_canvas(widget) -> None:
+    """The graph at its full size (11 px text) and all of it in sight, beside the details panel."""
+    outside, boxes = widget.evaluate(_OUTSIDE)
+    assert boxes > 10 and outside == [], outside
+    assert float(widget.get_attribute("data-scale")) >= 1
+
+
+# The shown tab's elements that stick out of its panel (or of the output box) at the right, unless
+# a box of theirs that scrolls (or clips) fits
+_STICKING_OUT = """view => {
+  const panel = view.querySelector('[role=tabpanel]:not([hidden])');
+  const right = Math.min(panel.getBoundingClientRect().right,
+                         view.closest('.jp-OutputArea-output').getBoundingClientRect().right) + 1;
+  const scrolls = n => ['auto', 'scroll', 'hidden'].includes(getComputedStyle(n).overflowX);
+  return [...panel.querySelectorAll('*')].filter(n => {
+    const r = n.getBoundingClientRect();
+    if (!r.width || r.right <= right) return false;
+    for (let a = n.parentElement; a && a !== panel; a = a.parentElement) {
+      if (scrolls(a) && a.getBoundingClientRect().right <= right) return false;
+    }
+    return true;
+  }).map(n => `${n.tagName}.${n.className.baseVal ?? n.className}: ${Math.round(n.getBoundingClientRect().right - right)} px`)
+    .slice(0, 5);
+}"""
+
+
+def every_tab_fits(view, shots: Path, frontend: str) -> None:
+    """Each tab of the step view, clicked and screenshotted: nothing in it sticks out at the right."""
+    shots.mkdir(exist_ok=True)
+    tabs = view.locator("[role=tablist] > [role=tab]")
+    titles = tabs.all_inner_texts()
+    assert {"Profile", "Numerics"} <= set(titles)
+    sticking_out = {}
+    for i, title in enumerate(titles):
+        tabs.nth(i).click()
+        view.locator("[role=tabpanel]:not([hidden])").wait_for()
+        # the view's top as it opens in the window: a 3000 px tab is not a picture for the docs
+        view.evaluate("v => v.scrollIntoView({block: 'start'})")
+        box = view.bounding_box()
+        view.page.screenshot(path=str(shots / f"{frontend}_{title.lower().replace(' ', '_')}.png"),
+                             clip={**box, "height": min(box["height"], 760)})
+        sticking_out[title] = view.evaluate(_STICKING_OUT)
+    profile = sticking_out.pop("Profile")
+    assert sticking_out == dict.fromkeys(sticking_out, []), sticking_out
+    if profile:
+        pytest.xfail(f"fixed by viewsA branch: the Profile tab's table sticks out: {profile}")
 
 
 def tabs_switch(view) -> None:
@@ -332,6 +403,8 @@ def test_a_break_row_of_explain_opens_on_its_source_and_the_graphs_beside_it(ser
     nodes = widget.locator("g.xlakit-node.node")
     assert nodes.count() == 3 and "linear" in nodes.first.text_content()  # linear, relu, linear
     assert widget.locator("g.xg-frame").count() == 4  # encoder, encoder.0, encoder.1, encoder.2
+    # its canvas as tall as the graph, not the 620 px a large one gets
+    assert widget.locator(".xg-canvas").bounding_box()["height"] < 560
     node, _ = pick(widget, "g.xlakit-node.node", "relu")
     node.click()
     details = widget.locator(".xg-details").inner_text()

@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 import xlakit  # noqa: E402
 from xlakit.notebook import graph_dot, graph_model, graph_widget, views  # noqa: E402
-from programs import llama_record  # noqa: E402
+from programs import SHAPES, llama_record, module_chain  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (make graphviz)")
@@ -41,8 +41,13 @@ def classes(svg: str) -> list[str]:
 
 
 @needs_dot
-def test_a_small_step_shows_every_node_in_clusters_by_module(dev):
+def test_a_small_step_shows_every_node_in_clusters_by_module(dev, monkeypatch):
     record = mlp_steps(dev)[-1]
+    narrow = graph_dot.step_svg(record)  # all open, it is 1439 pt wide: a page would show 6 px text
+    assert 'data-grouped="true"' in narrow
+    assert float(re.search(r'width="([\d.]+)pt"', narrow)[1]) <= graph_dot.PAGE_WIDTH_PT
+    monkeypatch.setattr(graph_dot, "PAGE_WIDTH_PT", float("inf"))
+    graph_dot._LAST.clear()
     svg = graph_dot.step_svg(record)
     assert svg.startswith("<svg") and 'data-layout="dot"' in svg and 'data-grouped="false"' in svg
     boxes = [c for c in classes(svg) if "xlakit-node" in c]
@@ -56,7 +61,7 @@ def test_a_small_step_shows_every_node_in_clusters_by_module(dev):
 
 
 @needs_dot
-def test_a_llama_step_opens_grouped_by_module_within_the_budget(dev):
+def test_a_llama_step_opens_grouped_by_module_within_the_budget(dev, monkeypatch):
     pytest.importorskip("transformers")
     record = llama_record(layers=2)
     view = graph_model.of_record(record)
@@ -66,6 +71,7 @@ def test_a_llama_step_opens_grouped_by_module_within_the_budget(dev):
     assert {"", "model", "model.layers", "backward", "optimizer"} <= names
     closed = [view.groups[b[1]].name for b, _ in boxes if b[0] == "group"]
     assert any(name.startswith("model.layers.") for name in closed)
+    monkeypatch.setattr(graph_dot, "PAGE_WIDTH_PT", float("inf"))  # dot draws the view as the widget opens it
     svg = graph_dot.to_svg(view, record.graph)
     assert 'data-grouped="true"' in svg
     assert sum("group" in c.split() for c in classes(svg)) == len(closed)
@@ -74,6 +80,36 @@ def test_a_llama_step_opens_grouped_by_module_within_the_budget(dev):
                   for b, _ in boxes if b[0] == "group")
     shown = sum(1 for b, _ in boxes if b[0] == "item" and view.items[b[1]].kind == "node")
     assert counted + shown == len(record.graph.nodes)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_20000_node_graph_opens_folded_at_every_depth_within_the_budget(shape):
+    graph = module_chain(SHAPES[shape])
+    view = graph_model.build(graph)
+    assert all(len(g.items) <= graph_model.MAX_CHILDREN and len(g.groups) <= graph_model.MAX_GROUPS
+               for g in view.groups)
+    assert sorted(view.members(0)) == list(range(len(view.items)))
+    boxes, _ = graph_model.visible(view, view.expanded)
+    assert len(boxes) <= graph_model.BUDGET  # the flat root alone was 5000 boxes
+    groups = graph_dot.groups_html(view)
+    assert groups.count("<tr>") <= graph_dot.MAX_ROWS and "the interactive view shows them" in groups
+    if shutil.which("dot"):
+        svg = graph_dot.to_svg(view, graph)
+        assert len(re.findall(r'class="node xlakit&#45;node', svg)) <= graph_model.BUDGET
+        assert float(re.search(r'width="([\d.]+)pt"', svg)[1]) <= graph_dot.PAGE_WIDTH_PT
+
+
+@needs_dot
+def test_a_llama_steps_static_drawing_is_as_wide_as_a_page_with_every_group_below_it(dev):
+    pytest.importorskip("transformers")
+    record = llama_record(layers=2)
+    page = graph_dot.step_html(record)
+    svg = page[page.index("<svg"):page.index("</svg>")]
+    assert float(re.search(r'width="([\d.]+)pt"', svg)[1]) <= graph_dot.PAGE_WIDTH_PT  # it was 10101 pt
+    assert 'style="max-width:none"' in svg  # a page shows it at its size: 12 px text
+    for name in ("model.layers.0.self_attn", "backward.model.layers.1.mlp", "optimizer"):
+        assert f"<summary>{name}: " in page
+    assert "%0 " in page  # the first node's row, in its group's table
 
 
 def test_changed_nodes_are_the_ones_inserted_not_all_after_them(dev):
@@ -137,6 +173,8 @@ def test_the_widget_gets_the_view_as_plain_data(dev):
     assert json.loads(json.dumps(data)) == data
     nodes = [i for i in data["items"] if i["kind"] == "node"]
     assert len(nodes) == len(record.graph.nodes) and 0 in data["expanded"]
+    # the groups the first view opened, in order: the widget closes the last where its canvas is small
+    assert {0, *(g for unit in data["opened"] for g in unit)} == set(data["expanded"])
     mm = next(i for i in nodes if i["op"] == "aten.mm.default")
     assert mm["module"].startswith("backward.") and mm["hlo"] and mm["user"].startswith("test_graph_view.py:")
     assert any(i.get("changed") for i in nodes)  # the second step has the momentum buffers

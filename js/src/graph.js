@@ -16,6 +16,9 @@ const LINE_H = 13;
 const PAD = 8;
 const HEADER = 20;
 const MARKS = ["donated", "output", "split", "changed"];
+// The canvas is as tall as the graph at its first view, between these: a 4-node step's graph
+// had the same 620 px canvas as a GPT-2 step's, mostly empty
+const MIN_HEIGHT = 180, MAX_HEIGHT = 620, MARGIN = 8;
 
 function svg(tag, attrs, parent) {
   const node = document.createElementNS(SVG, tag);
@@ -93,7 +96,7 @@ class GraphView {
     }
     this.search.addEventListener("input", () => this.find(this.search.value));
     this.search.addEventListener("keydown", (e) => { if (e.key === "Enter") this.next(e.shiftKey ? -1 : 1); });
-    const main = html("div", "xg-main", el);
+    const main = this.main = html("div", "xg-main", el);
     this.canvas = svg("svg", { class: "xg-canvas xlakit-graph" }, main);
     this.root = svg("g", {}, this.canvas);
     this.details = html("div", "xg-details", main);
@@ -102,10 +105,13 @@ class GraphView {
       html("span", "xg-swatch " + m, legend);
       html("span", null, legend, m === "split" ? "graph split" : m === "changed" ? "changed since last step" : m);
     }
-    this.zoom = zoom().scaleExtent([0.05, 4]).on("zoom", (e) => this.root.setAttribute("transform", e.transform));
+    this.zoom = zoom().scaleExtent([0.05, 4]).on("zoom", (e) => {
+      this.root.setAttribute("transform", e.transform);
+      el.dataset.scale = e.transform.k; // for tests: the text's size is 11 px times this
+    });
     select(this.canvas).call(this.zoom).on("dblclick.zoom", null);
     // a tab not yet shown has no size: place the graph once it has one
-    this.resize = new ResizeObserver(() => { if (!this.placed) this.placed = this.fit(false); });
+    this.resize = new ResizeObserver(() => { if (!this.placed) this.placed = this.place(); });
     this.resize.observe(this.canvas);
     this.setData(data);
   }
@@ -113,13 +119,14 @@ class GraphView {
   setData(data) {
     this.model = new Model(data);
     this.open = new Set(data.expanded);
+    this.opened = data.opened || [];
     this.layouts = new Map();
     this.matches = [];
     this.at = -1;
     this.selected = null;
     this.showDetails(null);
     this.draw();
-    this.placed = this.fit(false);
+    this.placed = this.place();
   }
 
   // -- layout --------------------------------------------------------------
@@ -256,24 +263,53 @@ class GraphView {
 
   // Open or close group g. A closed group's box stays where the group was on
   // the screen; an opened group is shown whole (down to a legible size).
+  // Then the view is re-centred: a graph that fits is centred, a larger one kept from panning
+  // past its edges, and the group's box and its parent's title are kept in sight.
   toggle(g) {
     const before = this.boxes.get("g" + g).getBoundingClientRect();
     if (this.open.has(g)) this.open.delete(g);
     else this.open.add(g);
     for (const a of this.model.ancestors(g)) this.layouts.delete(a);
     this.draw();
+    const lay = this.layoutOf(0);
+    const t = zoomTransform(this.canvas);
+    this.setHeight(lay.height * t.k);
     const after = this.boxes.get("g" + g).getBoundingClientRect();
     const canvas = this.canvas.getBoundingClientRect();
-    const t = zoomTransform(this.canvas);
+    const view = this.visibleArea();
     // the box's top-left corner in graph coordinates, and where on the canvas it goes
     const gx = (after.left - canvas.left - t.x) / t.k, gy = (after.top - canvas.top - t.y) / t.k;
+    const gw = after.width / t.k, gh = after.height / t.k;
     let k = t.k, x = before.left - canvas.left, y = before.top - canvas.top;
     if (this.open.has(g)) {
-      k = Math.max(0.3, Math.min(1, t.k * Math.min(canvas.width / after.width, canvas.height / after.height)));
-      x = Math.max(4, (canvas.width - (after.width / t.k) * k) / 2);
-      y = Math.min(y, Math.max(4, canvas.height - (after.height / t.k) * k - 4));
+      k = Math.max(0.3, Math.min(1, (view.width - 2 * MARGIN) / gw, (view.height - 2 * MARGIN) / gh));
+      x = (view.width - gw * k) / 2;
+      y = Math.min(y, view.height - gh * k - MARGIN);
     }
-    select(this.canvas).call(this.zoom.transform, zoomIdentity.translate(x - gx * k, y - gy * k).scale(k));
+    let tx = x - gx * k, ty = y - gy * k;
+    // the parent's title above the group, where the box stays in sight below it
+    const parent = this.model.groups[g].parent;
+    if (parent) {
+      const top = this.frameTop(parent);
+      if (ty + top * k < MARGIN && MARGIN + (gy + gh - top) * k <= view.height) ty = MARGIN - top * k;
+    }
+    [tx, ty] = this.clamp(tx, ty, k, lay, view);
+    select(this.canvas).call(this.zoom.transform, zoomIdentity.translate(tx, ty).scale(k));
+  }
+
+  // where group g's frame starts, in the root's coordinates
+  frameTop(g) {
+    const parentOf = (c) => this.model.groups[c].parent;
+    let top = this.layoutOf(parentOf(g)).nodes.get("g" + g).y;
+    for (let a = parentOf(g); a; a = parentOf(a)) top += this.layoutOf(parentOf(a)).nodes.get("g" + a).y + HEADER;
+    return top;
+  }
+
+  // a translation that centres an axis the graph fits in, and keeps a longer one from leaving a gap
+  clamp(tx, ty, k, lay, view) {
+    const axis = (t, size, room) => (size * k + 2 * MARGIN <= room ? (room - size * k) / 2
+      : Math.min(MARGIN, Math.max(room - size * k - MARGIN, t)));
+    return [axis(tx, lay.width, view.width), axis(ty, lay.height, view.height)];
   }
 
   closeAll() {
@@ -284,15 +320,47 @@ class GraphView {
   }
 
   // -- view ----------------------------------------------------------------
-  // The whole graph; or, at first, its top as wide as the canvas at a legible size.
-  fit(whole = true) {
+  // The part of the canvas the details panel leaves (the panel may lie over it).
+  visibleArea() {
+    const canvas = this.canvas.getBoundingClientRect(), panel = this.details.getBoundingClientRect();
+    const right = panel.width && panel.left < canvas.right ? Math.max(canvas.left, panel.left) : canvas.right;
+    return { width: right - canvas.left, height: canvas.height };
+  }
+
+  setHeight(graphHeight) {
+    const height = Math.max(MIN_HEIGHT, Math.min(MAX_HEIGHT, Math.ceil(graphHeight + 2 * MARGIN)));
+    this.main.style.height = `${height}px`; // the details panel scrolls in it, the canvas fills it
+  }
+
+  // The first view: the groups opened last closed while the graph is larger than the canvas can
+  // show at its full size (11 px text), the canvas as tall as it, the graph fitted in it.
+  place() {
+    const { width } = this.visibleArea();
+    if (!width) return false;
+    let lay = this.layoutOf(0);
+    for (let u = this.opened.length - 1; u >= 0 && (lay.width + 2 * MARGIN > width
+                                                   || lay.height + 2 * MARGIN > MAX_HEIGHT); u--) {
+      for (const g of this.opened[u]) {
+        this.open.delete(g);
+        for (const a of this.model.ancestors(g)) this.layouts.delete(a);
+      }
+      lay = this.layoutOf(0);
+    }
+    this.draw();
+    return this.fit();
+  }
+
+  // The whole graph, at most at its full size, centred in the canvas made as tall as it needs.
+  fit() {
     const lay = this.layoutOf(0);
-    const { width, height } = this.canvas.getBoundingClientRect();
-    if (!width || !height) return false;
-    const scale = whole ? Math.min(1, width / lay.width, height / lay.height)
-      : Math.max(0.6, Math.min(1, width / lay.width));
-    const x = Math.max(0, (width - lay.width * scale) / 2);
-    select(this.canvas).call(this.zoom.transform, zoomIdentity.translate(x, 4).scale(scale));
+    const { width } = this.visibleArea();
+    if (!width) return false;
+    this.setHeight(lay.height);
+    const { height } = this.visibleArea();
+    const k = Math.max(0.05, Math.min(1, (width - 2 * MARGIN) / lay.width, (height - 2 * MARGIN) / lay.height));
+    this.setHeight(lay.height * k);
+    const [x, y] = this.clamp(0, 0, k, lay, this.visibleArea());
+    select(this.canvas).call(this.zoom.transform, zoomIdentity.translate(x, y).scale(k));
     return true;
   }
 

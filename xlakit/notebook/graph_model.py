@@ -21,6 +21,9 @@ from ..core.state import PROCESS, Last
 
 BUDGET = 120        # boxes a view shows at first; the rest stay in closed groups
 MAX_CHILDREN = 100  # a group with more direct items is split by source line, then into runs
+# a group with more subgroups has them bundled in runs, FAN_OUT a level: a flat nn.Sequential of
+# 70 blocks (210 modules) had 212 boxes in its always-open root, 82 s in `dot`
+MAX_GROUPS, FAN_OUT = 40, 10
 MAX_HLO_LINES = 16  # of the HLO instructions a node became, the lines shown (all are named in StepRecord.hlo)
 
 
@@ -59,6 +62,9 @@ class GraphView:
     items: list[Item]
     groups: list[Group]       # groups[0] is the root: the whole graph
     expanded: set[int]        # groups open at first (the root always)
+    # the groups `expanded` adds to the root, in the order they were opened (numbered siblings
+    # together): a view with less room closes the last ones first
+    opened: list[list[int]] = dataclasses.field(default_factory=list)
 
     def marks(self, group: int) -> dict[str, int]:
         """How many items below `group` carry each mark: its closed box shows them."""
@@ -122,11 +128,16 @@ def build(graph: GraphInfo, changed: set[int] = frozenset(), cut: set[int] = fro
     for k, item in enumerate(items):
         item.group = group_of(item.module)
         groups[item.group].items.append(k)
-    for g in range(len(groups)):  # the groups of module paths (_split appends more)
+    g = 0
+    while g < len(groups):  # the groups of module paths, and those _split and _bundle append
         if len(groups[g].items) > MAX_CHILDREN:
             _split(groups, g, items)
+        if len(groups[g].groups) > MAX_GROUPS:
+            _bundle(groups, g)
+        g += 1
     view = GraphView(items, groups, set())
-    view.expanded = _first_open(view, budget)
+    view.opened = _first_open(view, budget)
+    view.expanded = {0, *(g for unit in view.opened for g in unit)}
     return view
 
 
@@ -155,14 +166,30 @@ def _split(groups: list[Group], g: int, items: list[Item], by_line: bool = True)
             _split(groups, child, items, by_line=False)
 
 
-def _first_open(view: GraphView, budget: int) -> set[int]:
-    """Open groups while the boxes shown stay within budget: shallow ones
+def _bundle(groups: list[Group], g: int) -> None:
+    """Too many subgroups in one group: FAN_OUT runs of them ("0-20", "21-41", ...); a run
+    still too large is bundled in its turn, when build() comes to it."""
+    children = groups[g].groups
+    run = -(-len(children) // FAN_OUT)
+    groups[g].groups = []
+    for s in range(0, len(children), run):
+        members = children[s:s + run]
+        label = f"{groups[members[0]].label}-{groups[members[-1]].label}"
+        bundle = len(groups)
+        groups.append(Group(f"{groups[g].name}[{label}]", label, g, groups=members))
+        groups[g].groups.append(bundle)
+        for c in members:
+            groups[c].parent = bundle
+
+
+def _first_open(view: GraphView, budget: int) -> list[list[int]]:
+    """The units of groups to open, in order, while the boxes shown stay within budget: shallow ones
     first, and of those the ones that add the fewest boxes. Numbered siblings
     (a ModuleList's blocks: layers.0, layers.1, ...) open all or none, so
     repeated blocks look alike."""
     groups = view.groups
     shown = len(groups[0].items) + len(groups[0].groups)
-    expanded, queue, depth = {0}, [], {0: 0}
+    opened, queue, depth = [], [], {0: 0}
 
     def offer(g):
         numbered = [c for c in groups[g].groups if groups[c].label.isdigit()]
@@ -175,12 +202,12 @@ def _first_open(view: GraphView, budget: int) -> set[int]:
     while queue:
         level, more, unit = heapq.heappop(queue)
         if shown + more <= budget:
-            expanded.update(unit)
+            opened.append(unit)
             shown += more
             for g in unit:
                 depth[g] = level
                 offer(g)
-    return expanded
+    return opened
 
 
 def visible(view: GraphView, expanded: set[int]):

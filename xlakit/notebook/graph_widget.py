@@ -35,4 +35,5 @@ def to_json(view: GraphView) -> dict:
         "groups": [{"name": g.name, "label": g.label, "parent": g.parent, "groups": g.groups, "items": g.items}
                    for g in view.groups],
         "expanded": sorted(view.expanded),
+        "opened": view.opened,  # the first view closes the last ones where the canvas is too small
     }

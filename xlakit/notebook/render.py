@@ -27,6 +27,7 @@ overflow-x:auto;max-width:100%;width:fit-content}.xlakit-step .xlakit-scroll{ove
 .xlakit-step td,.xlakit-step th{border:1px solid #ddd;padding:2px 6px;text-align:left !important}
 .xlakit-step .changed{background:#fff3cd}.xlakit-step .not-in-key{color:#777}
 .xlakit-step h4{margin:8px 0 2px 0}.xlakit-step .graph{overflow:auto;max-height:480px;border:1px solid #eee}
+.xlakit-step .xlakit-graph-groups details details{margin-left:14px}
 .xlakit-step .xlakit-warning{background:#fce8e6;border:1px solid #d93025;padding:4px 8px;margin:4px 0}
 .xlakit-step .xlakit-cost-tree{font-family:monospace;font-size:12px}.xlakit-step td.num{white-space:nowrap}
 .xlakit-step .xlakit-cost-tree details,.xlakit-step .xlakit-cost-tree .leaf{margin-left:14px}
@@ -201,7 +202,7 @@ def html_view(record: StepRecord, name: str | None = None, previous: StepRecord 
 def sections_html(record: StepRecord, previous: StepRecord | None, hlo: bool) -> list[tuple[str, str]]:
     """(title, html) per view section; the widget puts each in a tab."""
     sections = [
-        ("Graph", f'<h4>Graph</h4><div class="graph">{graph_dot.step_svg(record, previous)}</div>'),
+        ("Graph", "<h4>Graph</h4>" + graph_dot.step_html(record, previous)),
         ("Key", "<h4>Key</h4>" + key_table(record, changed_components(record, previous))),
         ("Why", "<h4>Why</h4>" + _list_html(why_lines(record, previous))),
         ("Donation", "<h4>Donation</h4>" + donation_table(record)),
