@@ -352,10 +352,7 @@ def every_tab_fits(view, shots: Path, frontend: str) -> None:
         view.page.screenshot(path=str(shots / f"{frontend}_{title.lower().replace(' ', '_')}.png"),
                              clip={**box, "height": min(box["height"], 760)})
         sticking_out[title] = view.evaluate(_STICKING_OUT)
-    profile = sticking_out.pop("Profile")
     assert sticking_out == dict.fromkeys(sticking_out, []), sticking_out
-    if profile:
-        pytest.xfail(f"fixed by viewsA branch: the Profile tab's table sticks out: {profile}")
 
 
 def tabs_switch(view) -> None:

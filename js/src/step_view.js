@@ -64,5 +64,24 @@ export function renderStepView({ model, el }) {
     tabs[index].tab.focus();
   });
   select(0);
+  whenAttached(el, () => unscrollOutputs(el));
   return () => removeGraph();
+}
+
+// Notebook 7 scrolls a cell's outputs in a box of ~300 px when they are taller than its
+// scroll-output plugin's 1.3 x 14 px x 100 lines, measured at each output change: the view's
+// static copy, shown until this view is drawn, made every step view scroll in that box. With the
+// copy hidden, the same rule is applied to what the cell now shows.
+const NOTEBOOK7_SCROLL_HEIGHT = 1.3 * 14 * 100;
+
+function unscrollOutputs(el) {
+  const cell = el.closest(".jp-mod-outputsScrolled");
+  const outputs = cell?.querySelector(".jp-OutputArea");
+  if (outputs && outputs.scrollHeight <= NOTEBOOK7_SCROLL_HEIGHT) cell.classList.remove("jp-mod-outputsScrolled");
+}
+
+// a view is rendered before the frontend puts it in the page
+function whenAttached(el, then, frames = 120) {
+  if (el.isConnected) then();
+  else if (frames > 0) requestAnimationFrame(() => whenAttached(el, then, frames - 1));
 }
