@@ -29,6 +29,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import jax_models  # noqa: E402
+import step_split  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -189,7 +190,7 @@ def measure(name: str, quick: bool, device: str):
         # warm-up: compiles, then the first runs of each new executable, which are slower
         # (xlakit's GPT-2 step: 476, 412, 355 ms, then 280 from the fourth run on)
         seconds_per_step(step, wait, 1, warmup=2 if quick else 8, rounds=1)
-    times, records, host, compiled = {peer: [] for peer in all_peers}, [], {}, None
+    times, records, host = {peer: [] for peer in all_peers}, [], {}
     for _ in range(rounds):
         for peer, (step, wait) in all_peers.items():
             with xlakit.capture() as captured:
@@ -197,12 +198,6 @@ def measure(name: str, quick: bool, device: str):
             if peer == "xlakit lazy":
                 records = captured[-steps:]
     for peer, (step, wait) in all_peers.items():
-        if peer == COMPILED:  # one step apart: its wall time next to its executables' own
-            with xlakit.capture() as one_step:
-                started = time.perf_counter()
-                step()
-                wait()
-            compiled = (one_step, (time.perf_counter() - started) * 1e3)
         if peer in ASYNC_PEERS:
             host[peer] = host_seconds_per_step(step, wait) * 1e3
 
@@ -221,12 +216,9 @@ def measure(name: str, quick: bool, device: str):
               f"{statistics.median(r.timings.trace for r in records) * 1e3:.1f} ms, execution (waited) "
               f"{statistics.median(r.timings.execute for r in records) * 1e3:.1f} ms; the rest of the step is the "
               "step marker's own work (cut, key, cache lookup, records) and Python's collector")
-    if compiled:
-        per_step, ms = compiled
-        print(f"\n{COMPILED}, per step: {len(per_step)} executions "
-              f"({', '.join(f'{r.trigger} {r.num_nodes} nodes' for r in per_step)}), executables "
-              f"{sum(r.timings.execute for r in per_step) * 1e3:.1f} ms of the same step's {ms:.1f} ms; the rest is Python: "
-              "Dynamo's guards, AOTAutograd's wrappers, xlakit recording the graphs again and its step marker")
+    # measured apart, a step at a time: its wall time next to its executables' own, its Python split
+    step_split.print_split(COMPILED, step_split.compiled_step(
+        lambda: torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled), xlakit.wait, steps=steps * rounds))
     if host:
         print(f"\nPython per step (host time from an idle device to dispatch), and the step projected on an "
               f"accelerator whose executable takes {PROJECTED_DEVICE_MS:g} ms (dispatching ahead, the slower of "

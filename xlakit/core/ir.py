@@ -211,9 +211,12 @@ def instantiate(graph: Graph, operands: list) -> list[Node]:
     (per param: device data or a pending (node, output)) where the graph read its params:
     one more run of the same computation, as part of whatever step computes it."""
     nodes: list[Node] = []
+    # a list comprehension, not a generator, per node: Llama's training step's three graphs (1952
+    # nodes) 1.62-1.75 -> 1.28 ms, each step
+    append = nodes.append
     for node, wires in zip(graph.nodes, graph.wiring):
-        nodes.append(Node(node.op, tuple(operands[w] if w.__class__ is int else (nodes[w[0]], w[1]) for w in wires),
-                          node.template, node.avals, node.source, node.signature))
+        append(Node(node.op, tuple([operands[w] if w.__class__ is int else (nodes[w[0]], w[1]) for w in wires]),
+                    node.template, node.avals, node.source, node.signature))
     return nodes
 
 
