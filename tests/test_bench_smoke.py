@@ -14,6 +14,7 @@ BENCHMARKS = {
     "real_models": (900, ["| xlakit lazy |", "| jax.jit (donating) |", "| second (same cache dir) |",
                           "| xlakit torch.compile, whole step |"]),
     "moe": (900, ["| jax.jit ragged_dot, the floor |", "| xlakit lazy (grouped_mm) |"]),
+    "mask_reads": (600, ["| GPT-2 | on |", "| Llama | off |", "| 64 x 2048 int64 | on |"]),
     "numerics": (900, ["| jax.jit + jax_debug_nans |", "| check_nans |", "encountered in log", "aten.log.default"]),
 }
 

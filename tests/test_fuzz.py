@@ -62,9 +62,13 @@ relayout = st.tuples(st.just("relayout"), st.sampled_from(list(RELAYOUTS)), slot
 # half types with a Python scalar outside their range or below their precision
 half_scalar = st.tuples(st.just("half_scalar"), slot, st.sampled_from([torch.float16, torch.bfloat16]),
                         st.sampled_from(["mul", "div", "add"]), st.sampled_from([65536.0, 1e-8, 1e5, 3e-5, 7.0]))
+# an attention mask uploaded and read in Python, as transformers reads it (answered on the host:
+# front/host_reads.py), choosing which ops the step records
+mask_read = st.tuples(st.just("mask_read"), slot, st.lists(st.integers(0, 1), min_size=5, max_size=5),
+                      st.integers(-3, 3))
 
 instructions = st.one_of(
-    binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast,
+    binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast, mask_read,
     st.tuples(st.just("masked_sum"), slot, slot),              # data-dependent shape: eager fallback
     st.tuples(st.just("mark_step")), partial_sync, item,
     st.tuples(st.just("save"), slot),
@@ -133,6 +137,14 @@ class Program:
             x[idx] = a[2]
         elif kind == "cast":
             self.pool.append(self.t(a[0]).to(a[1]).to(torch.float32))
+        elif kind == "mask_read":
+            x = self.t(a[0])
+            mask = torch.tensor(a[1], device=x.device)
+            if bool(mask.bool().sum() == mask.numel()):  # transformers' fast_all
+                self.pool.append(x * 2)
+            else:
+                self.pool.append(x.masked_fill(~mask.bool(), 0.0))
+            self.items.append((mask.cumsum(0) * 3 + a[2]).max().item())
         elif kind == "masked_sum":
             x = self.t(a[0])
             self.pool.append(self.t(a[1]) + x[x > 0].sum())
@@ -257,7 +269,7 @@ def test_random_programs_match_eager(dev, seed, program):
 LOOP_STEPS = 7
 loop_instructions = st.one_of(
     binary, unary, scalar, matmul, center, inplace, view_inplace, index_put, cast, item, partial_sync, relayout,
-    half_scalar,
+    half_scalar, mask_read,
     # good input until the loop's change makes it bad (changed). No integer division: the state's
     # values differ from eager's in the last bits after a step, and a cast to int64 amplifies that
     st.tuples(st.just("bad_index"), st.sampled_from(INDEXING), slot,
@@ -278,6 +290,8 @@ def changed(ins, change: str, new):
             return (kind, *a[:-1], bad)
         if kind == "half_scalar":
             return (kind, *a[:-1], half_value)
+        if kind == "mask_read":  # the other positions padded: the other branch, where it was all ones
+            return (kind, a[0], [1 - v for v in a[1]], a[2])
     if change == "dtype":
         if kind == "cast":
             return (kind, a[0], CASTS[(CASTS.index(a[1]) + 1) % len(CASTS)])

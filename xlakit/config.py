@@ -18,6 +18,12 @@ class Config:
     # real duration; off lets tracing of the next step overlap execution (on
     # CPU only with JAX_CPU_ENABLE_ASYNC_DISPATCH=1: docs/process.md).
     wait_for_execution: bool = True
+    # Keep a host copy of each integer or bool upload (.to(device), a CPU op's result) of at
+    # most this many bytes while its device buffer lives, so that a Python read of a value
+    # computed from such uploads alone (transformers' `if padding_mask.all():` on the
+    # attention mask) is answered on the host, with no execution (docs/troubleshooting.md).
+    # 0: never.
+    host_copy_bytes: int = int(os.environ.get("XLAKIT_HOST_COPY_BYTES", str(1 << 20)))
     # Compute eager's checks in each step's executable (indices in range, no
     # integer division by zero) and raise eager's error after the step; off,
     # such input gives XLA's value silently (docs/bad_input.md).

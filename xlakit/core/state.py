@@ -9,7 +9,7 @@ each user computes again, or warns again, what it no longer finds.
 
 Not here, because reset keeps them (they describe objects the user holds and die
 with them): the engine's live tensors and the pending work they wait on, tensor
-labels (front/labels), owned tensors and their buffers (front/tensor,
+labels (front/labels), the host's copies of uploads (core/transfer), owned tensors and their buffers (front/tensor,
 engine/check_results.Ledger.latest), modules' names and shared parameters
 (core/module_paths, front/modules), open widgets (notebook/views), the numbers
 that order live objects (ir.Node.seq, owner ids), open captures, the settings

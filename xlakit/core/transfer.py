@@ -1,11 +1,14 @@
 """Moving tensor data between host torch tensors and device jax arrays, and between placements."""
 from __future__ import annotations
 
+import weakref
+
 import jax
 import ml_dtypes
 import numpy as np
 import torch
 
+from ..config import config
 from .ir import FLOAT8, Aval, DeviceData
 from .state import PROCESS
 
@@ -37,6 +40,25 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
         bits, np_dtype = _BITS[t.dtype]
         return t.view(bits).numpy().view(np_dtype)
     return t.numpy()
+
+
+# The host's own copy of each small integer or bool buffer it uploaded, while the buffer lives:
+# a Python read of a value computed from such buffers alone is answered on the host
+# (front/host_reads.py, which never reads floats). Buffers are immutable (an in-place write
+# makes a new one), so a copy stays that buffer's value.
+_HOST_COPIES: weakref.WeakKeyDictionary[DeviceData, torch.Tensor] = weakref.WeakKeyDictionary()
+
+
+def keep_host_copy(data: DeviceData, t: torch.Tensor) -> None:
+    """Keep a copy of `t`, the host tensor `data` was uploaded from, if of an integer or bool
+    dtype and small enough (config.host_copy_bytes)."""
+    if not (t.dtype.is_floating_point or t.dtype.is_complex) and t.nbytes <= config.host_copy_bytes:
+        _HOST_COPIES[data] = t.detach().clone(memory_format=torch.contiguous_format)
+
+
+def host_copy(data: DeviceData) -> torch.Tensor | None:
+    """The host's copy of `data`'s value (keep_host_copy), or None: not kept, or donated since."""
+    return None if data.donated else _HOST_COPIES.get(data)
 
 
 def require_dense(t: torch.Tensor) -> None:
@@ -101,6 +123,7 @@ def lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     key = (repr(value), dtype)
     data = _SCALARS.get(key)
     if data is None:
-        data = _SCALARS[key] = DeviceData(to_device(torch.tensor(value, dtype=dtype)), Aval((), dtype),
-                                          label="scalar", read_only=True)
+        host = torch.tensor(value, dtype=dtype)
+        data = _SCALARS[key] = DeviceData(to_device(host), Aval((), dtype), label="scalar", read_only=True)
+        keep_host_copy(data, host)
     return data

@@ -29,7 +29,7 @@ from . import check_results, executables, keys, numerics, profiling, records, st
 from .values import LiveValue, StepExecutionError, dropped, execution_error
 
 _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
-             "executions", "donated_buffers", "donated_bytes", "fallbacks")
+             "executions", "donated_buffers", "donated_bytes", "fallbacks", "host_reads")
 
 
 
@@ -98,6 +98,10 @@ class Engine:
 
     def count_fallback(self) -> None:
         self.counters["fallbacks"] += 1
+
+    def count_host_read(self) -> None:
+        """A Python read answered on the host, with no execution (front/host_reads.py)."""
+        self.counters["host_reads"] += 1
 
     def add_trace_time(self, seconds: float) -> None:
         self.trace_seconds += seconds
