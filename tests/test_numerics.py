@@ -174,6 +174,26 @@ def test_a_searched_step_gives_eager_values_to_what_it_donated(dev, monkeypatch)
     torch.testing.assert_close(y.cpu(), torch.linspace(-1, 1, 4).log(), equal_nan=True)
 
 
+def test_a_backward_nan_is_searched_where_the_gradients_are_no_outputs(dev, nans):
+    # zero_grad before the marker: the gradients are no outputs of the step, and the loss is finite;
+    # the guard still checks them, as the values the backward pass hands to the donated updates
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 4).to(dev)
+    opt = torch.optim.AdamW(linear.parameters(), lr=1e-3)
+    x = torch.randn(2, 4).to(dev)
+    out = linear(x)
+    loss = (out + torch.sqrt(out * 0)).sum()  # SQRT LINE
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    with pytest.raises(FloatingPointError, match=r"made the step's first"):
+        xlakit.mark_step()
+    found = xlakit.last_step().numerics.first_nonfinite
+    assert found.module == "backward" and found.source.forward.user.line == line_of(
+        test_a_backward_nan_is_searched_where_the_gradients_are_no_outputs, "SQRT LINE")
+    assert loss.isfinite().item() and linear.weight.isnan().all().item()
+
+
 def test_a_nan_made_by_a_donated_update_names_its_outputs_op(dev, monkeypatch):
     # made in the in-place update itself, from finite values: the donated buffer is written when
     # the guard is known, so the step is not searched; the update's op and line are named
