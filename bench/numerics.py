@@ -8,7 +8,8 @@
    to the error naming the op, both warm (executables compiled).
 2. What check_nans and record_ranges cost on the Llama training step of
    bench/real_models.py: the executable's own time (StepRecord.timings.execute,
-   median of the steps after the first two) and XLA's cost analysis, off and on.
+   median of the steps after the first two), XLA's cost and memory analysis
+   (peak) and the bytes the step donated, off and on.
 
 `python bench/numerics.py [--quick]`
 """
@@ -132,18 +133,20 @@ def llama_cost(name: str, quick: bool, steps: int) -> None:
     nodes = records["off"][-1][1].num_nodes
     print(f"\n### {name} training step (bench/real_models.py{' --quick' if quick else ''}: {nodes} nodes), "
           f"executable time, median of {steps} steps, the modes' steps taken in turn")
+    peak_off = records["off"][-1][1].memory.peak
     print("\n| numerics | execute (ms) | vs off | paired vs off (median, quartiles) | XLA flops "
-          "| XLA bytes accessed | peak memory (MiB) | lower + compile (s) |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| XLA bytes accessed | peak memory (MiB) | peak vs off | donated (MiB) | lower + compile (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for mode, rows in records.items():
         record, built = rows[-1][1], sum(b for _, _, b in rows)
         seconds = statistics.median(execute[mode])
         paired = sorted(t / o - 1 for t, o in zip(execute[mode], execute["off"]))
         quartiles = statistics.quantiles(paired, n=4)
-        memory = f"{record.memory.peak / 2**20:.1f}" if record.memory else "?"
+        donated = sum(d.nbytes for d in record.donated) / 2**20
         print(f"| {mode} | {seconds * 1e3:.2f} | {100 * (seconds / off - 1):+.1f}% | "
               f"{100 * statistics.median(paired):+.1f}% ({100 * quartiles[0]:+.1f}%, {100 * quartiles[2]:+.1f}%) | "
-              f"{record.cost.flops:.4g} | {record.cost.bytes_accessed:.4g} | {memory} | {built:.2f} |")
+              f"{record.cost.flops:.4g} | {record.cost.bytes_accessed:.4g} | {record.memory.peak / 2**20:.1f} | "
+              f"{record.memory.peak / peak_off:.3f}x | {donated:.1f} | {built:.2f} |")
 
 
 def main() -> None:

@@ -59,7 +59,7 @@ class Trace:
 
     def __init__(self):
         self.found: list = []
-        self.masks: list[int] = []
+        self.masks: dict[int, int] = {}   # per node position (a guard traces the nodes out of order)
         self._new = 0   # checks found before the node being traced
         self._halting = 0   # the bits of the checks found so far that halt
         self._all: dict = {}   # mask -> its all_ok (the donated outputs of a step mostly share one)
@@ -67,8 +67,8 @@ class Trace:
     def __bool__(self) -> bool:
         return bool(self.found)
 
-    def depend(self, wires) -> int:
-        """The mask of the node just traced, whose operands come from `wires` (graph.wiring)."""
+    def depend(self, position: int, wires) -> int:
+        """The mask of the node just traced, at `position`, whose operands come from `wires` (graph.wiring)."""
         mask = self._halting
         for k in range(self._new, len(self.found)):
             mask |= 1 << k
@@ -78,7 +78,7 @@ class Trace:
         for w in wires:
             if w.__class__ is not int:
                 mask |= self.masks[w[0]]
-        self.masks.append(mask)
+        self.masks[position] = mask
         return mask
 
     def all_ok(self, mask: int):

@@ -71,6 +71,8 @@ class Source:
     user: Frame | None
     library: Frame | None = None
     module: str = ""
+    # for an op of a backward pass: the Source of the forward op whose gradient it computes
+    forward: Source | None = None
     # its text, made at the first str(): every sync digests every node's source
     # (keys.metadata_bytes), and interned sources recur in every step
     _text: str | None = dataclasses.field(default=None, init=False, repr=False, compare=False)

@@ -288,6 +288,9 @@ class NumericsInfo:
     # guard on its outputs, and searches only a step whose outputs are not finite (engine/numerics.py)
     searched: bool = False
     nonfinite_outputs: bool = False                # whether the step's outputs hold a NaN or an infinity
+    # the nodes of the outputs that hold a NaN or an infinity made in the step's in-place updates of
+    # donated buffers from finite values: not searched, the step had written those buffers
+    in_updates: tuple[int, ...] = ()
 
     @property
     def by_module(self) -> dict[str, float]:

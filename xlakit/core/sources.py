@@ -16,6 +16,8 @@ import sysconfig
 import threading
 import warnings
 
+import torch
+
 from . import module_paths
 from .ir import Frame, Source
 from .state import PROCESS
@@ -91,30 +93,51 @@ def _frame(code, line: int) -> Frame:
     return frame
 
 
-def _source(user: Frame | None, library: Frame | None, module: str) -> Source:
-    key = (id(user), id(library), module)  # interned frames: identity is equality
+def _source(user: Frame | None, library: Frame | None, module: str, forward: Source | None) -> Source:
+    key = (id(user), id(library), module, id(forward))  # interned frames and sources: identity is equality
     source = _SOURCES.get(key)
     if source is None:
-        source = _SOURCES[key] = Source(user, library, module)
+        source = _SOURCES[key] = Source(user, library, module, forward)
     return source
 
 
+# The Source of the forward op each autograd node was made for, by the node's sequence number: a
+# backward op names the forward line whose gradient it computes. An op is recorded below autograd,
+# after its node took the number before the current one; an op that made no node (no grad) finds
+# that number taken by the op that did. Bounded; the oldest go first.
+_FORWARD: dict[int, Source] = PROCESS.memo("core.sources: forward sources by sequence number", 1 << 16,
+                                           "a backward op names the forward line whose gradient it computes")
+_autograd_node = torch._C._current_autograd_node
+_sequence_nr = torch.autograd._get_sequence_nr
+
+
 def capture() -> Source | None:
-    """The innermost user line, the innermost library line below it, and the module path."""
+    """The innermost user line, the innermost library line below it, and the module path
+    (for a backward op, also the forward op's Source)."""
     if _RECORDED_AT.source is not None:
         return _RECORDED_AT.source
     module = module_paths.current()
+    node = _autograd_node()
+    forward = None if node is None else _FORWARD.get(node._sequence_nr())
     frame = sys._getframe(1)
-    library = None
+    library = user = None
     while frame is not None:
         code = frame.f_code
         kind = _kind(code.co_filename)
         if kind == USER:
-            return _source(_frame(code, frame.f_lineno), library, module)
+            user = _frame(code, frame.f_lineno)
+            break
         if kind == LIBRARY and library is None:
             library = _frame(code, frame.f_lineno)
         frame = frame.f_back
-    return _source(None, library, module) if library is not None or module else None
+    if user is None and library is None and not module:
+        return None
+    source = _source(user, library, module, forward)
+    if node is None and torch.is_grad_enabled():
+        number = _sequence_nr() - 1
+        if number not in _FORWARD:
+            _FORWARD[number] = source
+    return source
 
 
 def user_line() -> str | None:

@@ -47,7 +47,7 @@ class Executables:
             self.counters["cache_hits"] += 1
             return Lookup(entry, Cache.HIT, 0.0, 0.0)
         closest = self._closest(key)
-        entry, outcome, lower_s, compile_s = self._load(key, graph, placement) or \
+        entry, outcome, lower_s, compile_s = self._load(key, graph, donors, flags, placement) or \
             self._compile(graph, donors, key, flags, placement)
         if closest is None:
             return Lookup(entry, outcome, lower_s, compile_s)
@@ -61,7 +61,7 @@ class Executables:
         hits = self.counters["cache_hits"]
         return hits / max(1, hits + self.counters["cache_misses"])
 
-    def _load(self, key: keys.Key, graph: Graph, placement):
+    def _load(self, key: keys.Key, graph: Graph, donors, flags, placement):
         """The executable an earlier process stored for this key: no lowering, no compile.
         Its load time is reported as the compile time."""
         if placement is not None:
@@ -72,13 +72,13 @@ class Executables:
             return None
         self.counters["cache_misses"] += 1
         self.counters["persistent_cache_hits"] += 1
-        self._keep(entry, graph, placement)
+        self._keep(entry, graph, donors, flags, placement)
         return entry, Cache.PERSISTENT_HIT, 0.0, time.perf_counter() - t0
 
-    def _keep(self, entry: cache_mod.Entry, graph: Graph, placement) -> None:
+    def _keep(self, entry: cache_mod.Entry, graph: Graph, donors, flags, placement) -> None:
         _warn_if_too_big(entry.memory, graph)
         if entry.numerics is not None and entry.numerics.guard:
-            entry.search = numerics.Search(graph, placement)
+            entry.search = numerics.Search(graph, donors, placement, check=flags["checks"] == "on")
         self.cache.capacity = config.cache_size
         self.cache.put(entry.key.key, entry)
 
@@ -103,7 +103,7 @@ class Executables:
                                 memory=analysis.memory(compiled, devices), cost=analysis.cost(compiled),
                                 collectives=analysis.collectives(hlo),
                                 shardings=None if placement is None else sharding.describe(placement, compiled, graph))
-        self._keep(entry, graph, placement)
+        self._keep(entry, graph, donors, flags, placement)
         if outcome is Cache.MISS:  # one JAX loaded from its cache re-serializes without its kernels (XLA CPU)
             cache_mod.store(entry)
         return entry, outcome, t1 - t0, t2 - t1

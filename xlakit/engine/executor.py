@@ -281,22 +281,23 @@ class Engine:
         outputs, checked, watched = _split_checks(entry, self._run(entry, arguments, graph,
                                                                    [graph.params[i] for i in donors]))
         execute_s = time.perf_counter() - t3
+        graph_info = executables.graph_info(entry, graph, donors, key)
+        nans = None
+        if watched is not None:  # a guarded step whose outputs are not finite is searched: its outputs then
+            outputs, checked, nans = numerics.read(entry, outputs, checked, watched, arguments, graph_info)
+        del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
 
-        donated = [records.donate(i, graph.params[i]) for i in donors]
+        donated = tuple(records.donate(i, graph.params[i]) for i in donors)
         self._bind_results(graph, planned.roots, outputs, targets)
         results = [node.results[i] for node, i in planned.roots]
         previous = self._ledger.bound(results, targets)
-        graph_info = executables.graph_info(entry, graph, donors, key)
-        nans = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search, arguments)
-        del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
-        donated, note = records.guarded(entry, tuple(donated), planned.note)
         if checked is not None or inherited:
             self._ledger.add(graph, donors, results, previous, entry.checks, checked, graph_info.nodes, inherited)
 
         records.append(self, entry, key, graph_info, trigger=trigger,
                        cache=lookup.outcome, donated=donated, changed=lookup.changed, why=lookup.why,
                        numerics=nans,
-                       note=note, source=source, replay=run.replay() if run is not None else None,
+                       note=planned.note, source=source, replay=run.replay() if run is not None else None,
                        timings=Timings(trace=self.trace_seconds, lower=lookup.lower_s, compile=lookup.compile_s,
                                        execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
@@ -304,7 +305,7 @@ class Engine:
         else:
             self._ledger.read_oldest(self.live_values)
         if nans is not None:
-            numerics.report(nans)
+            numerics.report(nans, graph_info)
         return entry, graph
 
     def executable_for(self, graph: Graph, donors: tuple[int, ...], placement) -> cache_mod.Entry:
@@ -327,9 +328,10 @@ class Engine:
             outputs, checked, watched = _split_checks(entry, self._run(entry, arrays, None, donated.values()))
             execute_s = time.perf_counter() - t0
             graph_info = entry.graph_infos.get(metadata) or next(iter(entry.graph_infos.values()))
-            found = None if watched is None else numerics.read(entry.numerics, watched, graph_info, entry.search,
-                                                               arrays)
-            given, note = records.guarded(entry, tuple(records.donate(i, data) for i, data in donated.items()), note)
+            found = None
+            if watched is not None:  # a guarded run whose outputs are not finite is searched: its outputs then
+                outputs, checked, found = numerics.read(entry, outputs, checked, watched, arrays, graph_info)
+            given = tuple(records.donate(i, data) for i, data in donated.items())
             records.append_compiled_run(self, entry, graph_info, trigger=trigger, donated=given, note=note,
                                         source=None, numerics=found,
                                         timings=Timings(trace=self.trace_seconds, execute=execute_s,
@@ -339,7 +341,7 @@ class Engine:
                 if error is not None:
                     raise error
             if found is not None:
-                numerics.report(found)
+                numerics.report(found, graph_info)
             return outputs
 
     def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:

@@ -20,16 +20,6 @@ def donate(index: int, data: DeviceData) -> DonatedBuffer:
                          data.aval.nbytes)
 
 
-def guarded(entry, donated: tuple, note: str) -> tuple[tuple, str]:
-    """What a step donated, and its note: a guarded executable (config.check_nans) donates nothing,
-    and the buffers it would have donated are freed once its outputs are known finite."""
-    if not donated or entry.numerics is None or not entry.numerics.guard:
-        return donated, note
-    freed = (f"config.check_nans keeps a step's inputs until its outputs are known finite: the {len(donated)} "
-             f"buffer(s) it would donate ({sum(d.nbytes for d in donated)} bytes) were freed after it instead")
-    return (), f"{note}; {freed}" if note else freed
-
-
 def append(engine, entry, key: keys.Key, graph_info: GraphInfo, *, trigger: Trigger, cache: Cache,
            donated: tuple, timings: Timings, note: str, source: str | None,
            changed: tuple = (), why: tuple = (), replay=None, numerics=None) -> StepRecord:

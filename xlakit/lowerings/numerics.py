@@ -2,15 +2,16 @@
 value came from (config.check_nans) and how large each node's values got
 (config.record_ranges).
 
-With check_nans alone, a step's executable only *guards* its outputs: per
-floating output, whether it holds a NaN or an infinity (`guard`), one read of
-each output. Only a step whose outputs hold one runs the per-node search below,
-in a second executable on the same inputs (engine/numerics.py): the search
-reduces every value the step makes, which on the GPU nearly doubled the Llama
-step (+90%), where the guard reads the outputs alone. JAX's jax_debug_nans
-works the same way: it checks a jitted function's outputs, and runs it again
-op by op only when they hold a NaN. So a NaN the step makes and then drops
-(`where(x > 0, x.log(), 0)`) is not reported, as eager would not notice it either.
+With check_nans alone, a step's executable only *guards* its outputs (`Guard`):
+per floating output, whether it holds a NaN or an infinity, one read of each
+output, and it donates as any step does. Only a step whose outputs hold one runs
+the per-node search below, in a second executable on the same inputs, which the
+guard kept (engine/numerics.py): the search reduces every value the step makes,
+which on the GPU nearly doubled the Llama step (+90%), where the guard reads the
+outputs alone. JAX's jax_debug_nans works the same way: it checks a jitted
+function's outputs, and runs it again op by op only when they hold a NaN. So a
+NaN the step makes and then drops (`where(x > 0, x.log(), 0)`) is not reported,
+as eager would not notice it either.
 
 Per floating value of the step (an input, a node's output): whether it holds
 a NaN, whether it holds an infinity, its min and its max. A node is an
@@ -106,16 +107,89 @@ def _stats(x):
     return code.astype(jnp.float32), low.astype(jnp.float32), high.astype(jnp.float32)
 
 
-def guard(graph: Graph, roots) -> jax.Array:
-    """Per floating output (root) of a step, 1 where it holds a NaN or an infinity (float32)."""
-    constant = constant_nodes(graph)
-    flags = []
-    for (position, _), root, aval in zip(graph.roots, roots, graph.root_avals):
-        if _floating(aval):
-            if constant[position]:   # not folded at compile time: see Watch._of
-                root = jax.lax.optimization_barrier(root)
-            flags.append(jnp.any(~jnp.isfinite(root)))
-    return jnp.stack(flags).astype(jnp.float32) if flags else jnp.zeros((0,), jnp.float32)
+class Guard:
+    """check_nans alone: a step that donates as usual and keeps what a search needs.
+
+    The donated buffers are written by the step's in-place updates (an optimizer's
+    step); once written, the step's inputs are gone. So the graph is traced in two
+    parts: first every node that reads no donated update's result (the forward,
+    the backward), then the rest (`order`). Between the two, one flag says whether
+    the first part's outputs, and the values it hands to the second part (the
+    gradients an optimizer reads), are all finite; each donated output then takes
+    its new value only where they are, and keeps its old one otherwise (a select
+    fused into the update, as a failed check's). A NaN or infinity made before the
+    updates therefore leaves the step's inputs intact, and the engine searches the
+    step on them (engine/numerics.py). A NaN made inside the updates themselves, from
+    finite values, finds them written: it is reported by the outputs that hold it.
+    An assert that reads a donated update's result halts every node traced after it
+    (core/checks.py): such a graph keeps its order, and its updates keep nothing."""
+
+    def __init__(self, graph: Graph, donors: tuple[int, ...]):
+        self.graph = graph
+        self.donated = {root: donor for root, donor in zip(graph.roots, donors)}
+        updated = {node for node, _ in self.donated}
+        tainted = []   # per node: whether it reads a donated update's result (or is one)
+        for position, wires in enumerate(graph.wiring):
+            tainted.append(position in updated or any(w.__class__ is not int and tainted[w[0]] for w in wires))
+        if any(t and op_name(graph.nodes[k].op) == "_assert_async" for k, t in enumerate(tainted)):
+            tainted = [False] * len(tainted)
+        self.tainted = tainted
+        self.order = [k for k, t in enumerate(tainted) if not t] + [k for k, t in enumerate(tainted) if t]
+        self.first_update = next((k for k in self.order if tainted[k]), None)
+        donated_params = set(donors)
+        # per node: whether it computes from a donated buffer's old value and the step's inputs alone
+        # (AdamW's param * (1 - lr * wd), exp_avg_sq * beta2): a NaN it makes is one of the updates',
+        # and leaving it out saves a read of the whole optimizer state (XLA's bytes accessed on the
+        # Llama step of bench/numerics.py: +13.4% over off with it, +8.1% without, as much as the
+        # guard that donated nothing)
+        local: list[bool] = []
+        for position, wires in enumerate(graph.wiring):
+            local.append(not tainted[position] and all(w.__class__ is int or local[w[0]] for w in wires)
+                         and any(w in donated_params if w.__class__ is int else local[w[0]] for w in wires))
+        # the floating values the first part hands to the second, roots aside
+        roots = set(map(tuple, graph.roots))
+        boundary = set()
+        for position, wires in enumerate(graph.wiring):
+            if tainted[position]:
+                for w in wires:
+                    if w.__class__ is int:
+                        if w not in donated_params and _floating(graph.params[w].aval):
+                            boundary.add(w)
+                    elif not tainted[w[0]] and not local[w[0]] and tuple(w) not in roots \
+                            and _floating(_aval(graph, w)):
+                        boundary.add(tuple(w))
+        self.boundary = sorted(boundary, key=lambda w: (-1, w) if w.__class__ is int else w)
+        self._flags: dict[int, jax.Array] = {}   # per root index of the first part: its flag
+
+    def keep(self, outputs: list, params) -> jax.Array:
+        """Whether the first part's outputs and the values it hands on are all finite (traced
+        once every node of the first part is)."""
+        constant = constant_nodes(self.graph)
+        found = []
+        for k, ((position, i), aval) in enumerate(zip(self.graph.roots, self.graph.root_avals)):
+            if _floating(aval) and not self.tainted[position]:
+                self._flags[k] = _nonfinite(outputs[position][i], constant[position])
+                found.append(self._flags[k])
+        for w in self.boundary:
+            found.append(_nonfinite(params[w], False) if w.__class__ is int
+                         else _nonfinite(outputs[w[0]][w[1]], constant[w[0]]))
+        return ~jnp.any(jnp.stack(found)) if found else jnp.bool_(True)
+
+    def output(self, roots, keep) -> jax.Array:
+        """Per floating root, 1 where it holds a NaN or an infinity; then 1 where the donated
+        outputs kept their old values (float32)."""
+        constant = constant_nodes(self.graph)
+        flags = [self._flags[k] if k in self._flags else _nonfinite(root, constant[position])
+                 for k, ((position, _), root, aval) in enumerate(zip(self.graph.roots, roots, self.graph.root_avals))
+                 if _floating(aval)]
+        kept = jnp.bool_(False) if keep is None else ~keep
+        return jnp.stack([*flags, kept]).astype(jnp.float32)
+
+
+def _nonfinite(value, constant: bool) -> jax.Array:
+    if constant:   # not folded at compile time: see Watch._of
+        value = jax.lax.optimization_barrier(value)
+    return jnp.any(~jnp.isfinite(value))
 
 
 def constant_nodes(graph: Graph) -> list[bool]:
@@ -143,8 +217,10 @@ class Watch:
         self._stats: list = []        # per value: _stats
         self._index: dict = {}        # value (param index or (node, output)) -> the indices of its stats
         self._constant = constant_nodes(graph)
-        self._makes: list = []        # per node: the stats indices of its floating outputs (() for a move)
-        self._reads: list = []        # per node: the stats indices of its floating operands (() for a move)
+        # per node position (a search traces nodes in its guard's order): the stats indices of its
+        # floating outputs, and of its floating operands (() for a move)
+        self._makes: dict[int, tuple] = {}
+        self._reads: dict[int, tuple] = {}
         # per candidate origin: (node position, stats indices of all its floating inputs, of each of its first
         # INPUTS operands)
         self._candidates: list = []
@@ -175,17 +251,17 @@ class Watch:
                 for i, aval in enumerate(node.avals):
                     if _floating(aval):
                         self._index[(position, i)] = sources
-                self._makes.append(())   # counted where the values were made
-                self._reads.append(())
+                self._makes[position] = ()   # counted where the values were made
+                self._reads[position] = ()
                 return
         makes = tuple(i for k, (r, aval) in enumerate(zip(results, node.avals))
                       if r is not None and _floating(aval) for i in self._of((position, k), r))
-        self._makes.append(makes)
+        self._makes[position] = makes
         reads = self._read(wires, operands)
-        self._reads.append(tuple(i for ids in reads for i in ids))
+        self._reads[position] = tuple(i for ids in reads for i in ids)
         if self.ranks is None or not makes or not wires or _asks_for_nonfinite(node):
             return   # a factory's values are constants
-        self._candidates.append((position, self._reads[-1], reads[:INPUTS]))
+        self._candidates.append((position, self._reads[position], reads[:INPUTS]))
 
     def output(self):
         """The step's numerics vector (module docstring)."""
@@ -198,7 +274,9 @@ class Watch:
         if self.ranks is not None:
             parts.append(self._first_origin(codes, lows, highs, pad))
         if self.ranges:
-            made, read = _padded(self._makes, pad), _padded(self._reads, pad)
+            positions = range(len(self.graph.nodes))
+            made = _padded([self._makes[p] for p in positions], pad)
+            read = _padded([self._reads[p] for p in positions], pad)
             absmax = jnp.max(jnp.maximum(-lows[made], highs[made]), axis=1)
             # NaN for a node that made no floating value, made it from constants alone (a mask's
             # zeros, which would read as an underflow), or read a mask's fill (scores + mask: its

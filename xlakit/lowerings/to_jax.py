@@ -75,16 +75,20 @@ class NodeFailedIndexError(NodeFailedError, IndexError):
 
 
 def _as_jax(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, out_shardings: tuple,
-            watch: numerics.Watch | None, guard: bool, *params):
-    """The graph on tracers; its roots, then, if its lowerings asked for checks
-    (recorded into `trace`; None: checks are off), one int64 array of (ok,
-    offending value) per check, then, with a `watch` or a `guard`, its numerics
+            watch: numerics.Watch | None, guard: numerics.Guard | None, order, *params):
+    """The graph on tracers, its nodes traced in `order` (None: the graph's); its roots, then,
+    if its lowerings asked for checks (recorded into `trace`; None: checks are off), one int64
+    array of (ok, offending value) per check, then, with a `watch` or a `guard`, its numerics
     vector. A watch with no roots to return (`graph.roots` empty) returns that vector alone."""
-    outputs: list[list] = []
+    outputs: list = [None] * len(graph.nodes)
     # root j takes donors[j]'s buffer (the plan orders the roots so)
     donated = {root: donor for root, donor in zip(graph.roots, donors)}
+    keep = None   # with a guard: whether the donated outputs take their new values
     with checks.collecting(trace):
-        for position, (node, wires) in enumerate(zip(graph.nodes, graph.wiring)):
+        for position in range(len(graph.nodes)) if order is None else order:
+            node, wires = graph.nodes[position], graph.wiring[position]
+            if guard is not None and position == guard.first_update:
+                keep = guard.keep(outputs, params)
             operands = [params[w] if w.__class__ is int else outputs[w[0]][w[1]] for w in wires]
             checks.at_node(position)
             # the scope names the node in the HLO's op_name metadata ("jit(_as_jax)/%12 aten.mm.default/dot"),
@@ -96,20 +100,21 @@ def _as_jax(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
                     results = _lower_node(node, operands)
                 if watch is not None:
                     watch.node(position, wires, operands, results)
-            if trace is not None:
-                mask = trace.depend(wires)
-                for i, result in enumerate(results):
-                    donor = donated.get((position, i)) if mask else None
-                    if donor is not None:
-                        # A donated buffer must not be lost to a step whose check fails: an
-                        # output that takes it holds its old value then. An elementwise select,
-                        # fused into the update that computes it; made here, where the value is
-                        # made, so that what reads it reads the aliased buffer: a select on the
-                        # returned root alone made XLA keep both values (Llama AdamW step: 78
-                        # more copies, +20 MiB). The other choice, checking before anything is
-                        # donated, needs a second executable and a host sync per step.
-                        results[i] = jnp.where(trace.all_ok(mask), result, params[donor])
-            outputs.append(results)
+            mask = trace.depend(position, wires) if trace is not None else 0
+            for i, result in enumerate(results):
+                donor = donated.get((position, i)) if mask or keep is not None else None
+                if donor is not None:
+                    # A donated buffer must not be lost to a step whose check fails (or, with a
+                    # guard, to a step the engine searches): an output that takes it holds its old
+                    # value then. An elementwise select, fused into the update that computes it;
+                    # made here, where the value is made, so that what reads it reads the aliased
+                    # buffer: a select on the returned root alone made XLA keep both values (Llama
+                    # AdamW step: 78 more copies, +20 MiB). The other choice, checking before
+                    # anything is donated, needs a second executable and a host sync per step.
+                    ok = trace.all_ok(mask) if mask else None
+                    ok = keep if ok is None else ok if keep is None else ok & keep
+                    results[i] = jnp.where(ok, result, params[donor])
+            outputs[position] = results
     roots = tuple(outputs[n][i] for n, i in graph.roots)
     if out_shardings:
         # as constraints, not jit's out_shardings: the checks' output, known only once
@@ -119,8 +124,8 @@ def _as_jax(graph: Graph, donors: tuple[int, ...], trace: checks.Trace | None, o
     extra = (trace.flags(),) if trace else ()
     if watch is not None:
         extra += (watch.output(),)
-    if guard:
-        extra += (numerics.guard(graph, roots),)
+    if guard is not None:
+        extra += (guard.output(roots, keep),)
     return (*roots, *extra)
 
 
@@ -242,30 +247,31 @@ def _promoted(op, lowering, template, avals, operands) -> list:
 
 def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
           placement: sharding.Placement | None = None, *, check: bool = True,
-          nans: tuple[int, ...] | None = None, ranges: bool = False, guard: bool = False):
+          nans: tuple[int, ...] | None = None, ranges: bool = False, guard: bool = False, order=None):
     """Trace and lower to StableHLO; returns jax's Lowered object, the
     checks tracing found (`check=False`: none are computed) and the layout of
     its numerics output (None: it has none; `nans`: the nodes' recording ranks,
     numerics.recording_ranks, to find the first non-finite value; `ranges`:
-    each node's absolute maximum; `guard`: whether each output is finite). A
-    guarded executable donates nothing: a step whose outputs are not finite is
-    run again on the same inputs to find where (engine/numerics.py). With a
-    placement, for its mesh: GSPMD/Shardy propagate the shardings it gives."""
+    each node's absolute maximum; `guard`: whether each output is finite, and
+    whether the donated outputs kept their old values: numerics.Guard, whose
+    trace order a search of the same step is lowered with, `order`, so that
+    both find the same checks). With a placement, for its mesh: GSPMD/Shardy
+    propagate the shardings it gives."""
     trace = checks.Trace() if check else None
     watch = numerics.Watch(graph, nans, ranges) if nans is not None or ranges else None
+    step_guard = numerics.Guard(graph, donors) if guard else None
     if guard:
-        donate = ()
+        order = step_guard.order
         layout = numerics.Layout(nans=False, ranges=False, guard=True)
     else:
-        donate = donors
         layout = None if watch is None else watch.layout()
     # keep_unused: every graph input stays an executable parameter, so the
     # executable's signature is exactly the graph's (JAX would prune inputs
     # that only lend their shape, e.g. to zeros_like)
     on_mesh = {} if placement is None else dict(in_shardings=placement.inputs)
     out_shardings = () if placement is None else placement.outputs
-    fn = jax.jit(functools.partial(_as_jax, graph, donors, trace, out_shardings, watch, guard),
-                 donate_argnums=donate, keep_unused=True, **on_mesh)
+    fn = jax.jit(functools.partial(_as_jax, graph, donors, trace, out_shardings, watch, step_guard, order),
+                 donate_argnums=donors, keep_unused=True, **on_mesh)
     with jax.default_matmul_precision(matmul_precision):
         lowered = fn.lower(*(shape_dtype(a) for a in graph.param_avals))
     step_checks = trace.found_checks(graph.roots) if trace else checks.StepChecks()

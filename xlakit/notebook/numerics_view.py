@@ -35,16 +35,18 @@ def worst(ranges: dict[str, ModuleRange], count: int = WORST) -> list[tuple[str,
 
 
 def nonfinite_line(found: NonFinite) -> str:
-    where = " at " + _where(found) if found.source is not None else ""
+    where = " at " + _where(found.source) if found.source is not None else ""
     module = f" in {found.module}" if found.module else ""
     made = "NaN" if found.kind == "nan" else "infinity"
     inputs = "; ".join(f"input {i} min {r[0]:.4g} max {r[1]:.4g}" for i, r in enumerate(found.inputs) if r)
-    return f"first {made} made by {found.op}{module}{where}" + (f" ({inputs})" if inputs else "")
+    forward = found.source.forward if found.source is not None else None
+    gradient = (f", the gradient of {_where(forward)}{f' in {forward.module}' if forward.module else ''}"
+                if forward is not None else "")
+    return f"first {made} made by {found.op}{module}{where}{gradient}" + (f" ({inputs})" if inputs else "")
 
 
-def _where(found: NonFinite) -> str:
-    user, library = found.source.user, found.source.library
-    return " -> ".join(f"{f.file.rsplit('/', 1)[-1]}:{f.line}" for f in (user, library) if f is not None)
+def _where(source) -> str:
+    return " -> ".join(f"{f.file.rsplit('/', 1)[-1]}:{f.line}" for f in (source.user, source.library) if f is not None)
 
 
 def lines(record: StepRecord) -> list[str]:
@@ -70,6 +72,9 @@ def lines(record: StepRecord) -> list[str]:
 
 
 def _no_origin(n) -> str:
+    if n.in_updates:
+        return ("its outputs hold a NaN or infinity made in its in-place updates of donated buffers, from finite "
+                "values: not searched (config.donate = False for one step names the op)")
     if n.nonfinite_outputs:
         return ("its outputs hold a NaN or infinity that no op of this step made "
                 "(it came with the inputs, or an op asked for it, as masked_fill(-inf) does)")
