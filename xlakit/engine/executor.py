@@ -174,7 +174,7 @@ class Engine:
             targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
                 return None
-            run = self._tape.close((trigger, source))
+            run = self._tape.close((trigger, source), full=full)
             try:
                 with _collector_paused():
                     return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)

@@ -19,8 +19,14 @@ step is then one run of three such graphs, its cut and key reused from the step 
 
 Runs are found by the sync that began them (its trigger and line): a loop that
 reads its loss with `.item()` mid-step alternates two runs, each matched with its
-own. What a run keeps is per op (`Expected`), never the previous step's nodes or
-buffers, bounded by `LIMIT` ops per run and `RUNS` runs.
+own. What such a partial sync left pending (transformers' models read a mask with
+`.item()` after the embedding) the run after it reads by its position counted back
+into the run before (a negative position), guarded by the operand's aval as well,
+since that run may have differed; the marker's cut reaches into it only when that
+run was the same as last time (`lineage`) and left the same nodes pending. What
+a run keeps is per op (`Expected`), never the previous step's nodes or buffers
+(a partial sync's run keeps its nodes until the sync after it), bounded by
+`LIMIT` ops per run and `RUNS` runs.
 
 Recording costs each op ~20% more than not, so a run is recorded only where one
 may follow it: from the second run a sync begins (the first of a cell or a loop
@@ -35,7 +41,7 @@ import dataclasses
 import torch
 
 from ..core import sources, transfer
-from ..core.ir import Aval, DeviceData, Graph, Node, Slot
+from ..core.ir import Aval, DeviceData, Graph, Node, Slot, operand_data
 from ..core.record import Replay
 from ..core.state import Memo
 from . import keys, stages
@@ -50,7 +56,7 @@ class Expected:
     and what recording it gave (reused when it does).
 
     slots: per operand, where it came from: ("n", position, output) an earlier op
-    of the run; the run's ordinal-th distinct input buffer, as ("d", ordinal) a
+    of the run (negative: of the run before it, see Run.position); the run's ordinal-th distinct input buffer, as ("d", ordinal) a
     device tensor's, ("f", ordinal) a Python float's or ("c", ordinal) a CPU
     scalar tensor's (lifted: transfer.lifted_scalar); ("x",) anything else,
     which never matches."""
@@ -93,14 +99,20 @@ class _CutMemo:
     planned_roots: list     # the roots in the order the plan gave them
     flags: dict
     key: keys.Key
+    before_lineage: object = None   # positions < 0 read the run before: its lineage then
+    before_nodes: tuple = ()        # the graph's nodes of that run (each must still be pending)
 
 
 class Run:
     """The ops recorded between two syncs, matched against the run that followed the same sync before."""
 
-    def __init__(self, start, expected: Run | None, *, recording: bool = True, why: str = ""):
+    def __init__(self, start, expected: Run | None, *, recording: bool = True, why: str = "",
+                 before: Run | None = None):
         self.start = start                       # the sync that began it: (trigger, line)
         self.expected = expected                 # the run it is matched against, or None
+        self.before = before                     # the run a partial sync ended just before it, or None
+        self.kept = False                        # ended by a partial sync: its nodes kept for the next run
+        self.lineage = None                      # set at its close: its expected's if it matched it whole
         self.recording = recording               # False: its ops are only counted (see the module's doc)
         self.recorded: list[Expected] = []       # this run, as the next one will match it
         self.nodes: list[Node] = []              # dropped once it is closed and cut
@@ -115,11 +127,20 @@ class Run:
         self.misses = 0                          # runs in a row at its sync, this one included, mostly recorded
         self.wait = 0                            # runs at its sync left unrecorded before one records again
 
-    def position(self, node: Node) -> int:
-        """The node's position in this run, or -1 if it was recorded before it (or beside it)."""
+    def position(self, node: Node) -> int | None:
+        """The node's position in this run; negative in the run before it (-1 its last node);
+        None if recorded elsewhere (earlier, or beside it)."""
         position = node.seq - self.first_seq
         nodes = self.nodes
-        return position if 0 <= position < len(nodes) and nodes[position] is node else -1
+        if 0 <= position < len(nodes) and nodes[position] is node:
+            return position
+        before = self.before
+        if before is not None:
+            nodes = before.nodes
+            position = node.seq - before.first_seq
+            if 0 <= position < len(nodes) and nodes[position] is node:
+                return position - len(nodes)
+        return None
 
     def replay(self) -> Replay:
         return Replay(replayed=self.replayed, recorded=self.ops - self.replayed, why=self.why if self.ops else "")
@@ -134,7 +155,7 @@ class Run:
         roots, labels, seen = [], [], set()
         for t in targets:
             position = self.position(t.node)
-            if position < 0:
+            if position is None:
                 return None
             if (position, t.index) not in seen:
                 seen.add((position, t.index))
@@ -143,8 +164,18 @@ class Run:
         if tuple(roots) != memo.roots:
             return None
         nodes = self.nodes
-        graph_nodes = [nodes[p] for p in memo.positions]
-        params = [graph_nodes[n].operands[k] for n, k in memo.param_uses]
+        if memo.before_lineage is None:
+            graph_nodes = [nodes[p] for p in memo.positions]
+        else:  # the same run before, and what its partial sync computed the same
+            before = self.before
+            if before is None or before.lineage is not memo.before_lineage:
+                return None
+            earlier = before.nodes
+            graph_nodes = [nodes[p] if p >= 0 else earlier[p] for p in memo.positions]
+            for n in memo.before_nodes:
+                if graph_nodes[n].results is not None:
+                    return None
+        params = [operand_data(graph_nodes[n].operands[k]) for n, k in memo.param_uses]
         for p in params:
             if p.__class__ is not DeviceData or p.donated:
                 return None  # the walk decides (stages.cut says what is wrong)
@@ -156,7 +187,8 @@ class Run:
         memo = self._matched_memo()
         if memo is None or donors != memo.donors or flags != memo.flags or graph.roots != memo.planned_roots:
             return None
-        if not self.sources_changed and [p.label for p in graph.params] == memo.labels:
+        changed = self.sources_changed or (memo.before_lineage is not None and self.before.sources_changed)
+        if not changed and [p.label for p in graph.params] == memo.labels:
             return memo.key
         return dataclasses.replace(memo.key, metadata_digest=keys.metadata_digest(graph))
 
@@ -177,8 +209,13 @@ class Run:
             self._memo = self._cut_memo(cut, planned, flags, key)
 
     def release(self) -> None:
-        """After its sync: drop what only the sync needed."""
-        self.inputs, self.expected, self.nodes = {}, None, []
+        """After its sync: drop what only the sync needed (a partial sync's run keeps its
+        nodes for the run after it, which drops them at its own sync)."""
+        if self.before is not None:
+            self.before.nodes = []
+        self.inputs, self.expected, self.before = {}, None, None
+        if not self.kept:
+            self.nodes = []
 
     def back_off(self) -> None:
         """Count this recorded run as a miss when most of it was recorded, not replayed;
@@ -190,8 +227,11 @@ class Run:
     def _cut_memo(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> _CutMemo | None:
         graph = cut.graph
         positions = [self.position(node) for node in graph.nodes]
-        if -1 in positions:
-            return None  # a node recorded before the run (kept pending by a partial sync)
+        if None in positions:
+            return None  # a node recorded before the run before it (kept pending by partial syncs)
+        before_nodes = tuple(n for n, p in enumerate(positions) if p < 0)
+        if any(graph.nodes[n].results is not None for n in before_nodes):
+            return None  # partly computed by the partial sync: the walk decides
         roots = tuple((positions[n], i, label) for (n, i), label in zip(graph.roots, cut.labels))
         uses: dict[int, tuple[int, int]] = {}
         for n, wires in enumerate(graph.wiring):
@@ -200,7 +240,8 @@ class Run:
                     uses[w] = (n, k)
         return _CutMemo(roots=roots, positions=positions, param_uses=[uses[i] for i in range(len(graph.params))],
                         wiring=graph.wiring, graph_roots=list(graph.roots), labels=[p.label for p in graph.params],
-                        donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key)
+                        donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key,
+                        before_lineage=self.before.lineage if before_nodes else None, before_nodes=before_nodes)
 
 
 class Tape:
@@ -271,7 +312,13 @@ class Tape:
         if value.__class__ is _LAZY:
             operand = value._state.operand()
             if operand.__class__ is tuple:
-                if kind != "n" or where[2] != operand[1] or where[1] != self._run.position(operand[0]):
+                if kind != "n" or where[2] != operand[1]:
+                    return False
+                position = self._run.position(operand[0])
+                if where[1] != position:
+                    return False
+                # the run before may have differed: its node's aval, as a fresh record would infer from
+                if position < 0 and operand[0].avals[operand[1]] != expected.avals_in[slot]:
                     return False
             elif kind != "d" or not self._same_input(operand, where[1]):
                 return False
@@ -373,7 +420,7 @@ class Tape:
         """Where a compiled graph's operand came from (see Expected.slots)."""
         if operand.__class__ is tuple:
             position = self._run.position(operand[0])
-            return ("n", position, operand[1]) if position >= 0 else ("x",)
+            return ("n", position, operand[1]) if position is not None and position >= 0 else ("x",)
         return ("d", self._ordinal(operand))
 
     @staticmethod
@@ -386,7 +433,7 @@ class Tape:
         """Where a recorded operand came from (see Expected.slots)."""
         if operand.__class__ is tuple:
             position = self._run.position(operand[0])
-            return ("n", position, operand[1]) if position >= 0 and t.__class__ is _LAZY else ("x",)
+            return ("n", position, operand[1]) if position is not None and t.__class__ is _LAZY else ("x",)
         if t.__class__ is _LAZY:
             kind = "d"
         elif t.__class__ is float:
@@ -407,26 +454,35 @@ class Tape:
         return ordinal
 
     # -- at a sync ----------------------------------------------------------------
-    def close(self, start) -> Run:
-        """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run."""
+    def close(self, start, *, full: bool) -> Run:
+        """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run.
+        After a partial sync (`full` False) the next run may read what this one left pending."""
         run = self._run
+        expected = run.expected
+        whole = run.recording and not run.why and expected is not None and len(run.recorded) == len(expected.recorded)
+        run.lineage = expected.lineage if whole else object()
+        run.kept = not full and run.recording
+        before = run if run.kept else None
         if run.recording:
             run.back_off()
             self._runs[run.start] = run
         elif run.start not in self._runs:
             self._runs[run.start] = run  # the first run at its sync: the next one records
-        before = self._runs.get(start)
-        if before is None:
+        last = self._runs.get(start)
+        if last is None:
             self._run = Run(start, None, recording=False, why="the first run after this sync: not recorded")
-        elif not before.recording:
-            self._run = Run(start, before, why="the run before it after this sync was not recorded: this one is")
-        elif before.wait == 0:
-            self._run = Run(start, before)
+        elif not last.recording:
+            self._run = Run(start, last, why="the run before it after this sync was not recorded: this one is",
+                            before=before)
+        elif last.wait == 0:
+            self._run = Run(start, last, before=before)
         else:
-            before.wait -= 1
-            self._run = Run(start, before, recording=False,
-                            why=f"not recorded: the last {before.misses} runs after this sync each differed from "
+            last.wait -= 1
+            self._run = Run(start, last, recording=False,
+                            why=f"not recorded: the last {last.misses} runs after this sync each differed from "
                                 f"the one before")
+        if not self._run.recording:
+            run.kept = False  # nothing will read its nodes
         return run
 
 
