@@ -372,3 +372,19 @@ def test_a_partial_sync_that_computed_other_values_keeps_the_marker_from_reusing
     fresh = last()
     assert fresh.replay.replayed == 0
     assert (replayed.num_nodes, replayed.num_inputs, replayed.key) == (fresh.num_nodes, fresh.num_inputs, fresh.key)
+
+
+def test_a_replayed_op_keeps_eagers_strides_and_offset(dev):
+    """A replayed op's outputs are made without strides where they are contiguous from offset 0;
+    others keep theirs (a product of a transpose is laid out as it, a slice has an offset), as
+    eager's and a fresh record's."""
+    engine().forget_recordings()
+    x = torch.arange(20.0).reshape(4, 5)
+    lx = x.to(dev)
+    for _ in range(4):
+        made = [lx.t() * 2, lx[1:], lx.t(), lx * 2]
+        xlakit.mark_step()
+    assert last().replay.recorded == 0 and last().replay.replayed > 0, last().replay
+    for got, want in zip(made, [x.t() * 2, x[1:], x.t(), x * 2]):
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert_same(got, want)
