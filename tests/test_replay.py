@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xlakit
+from xlakit.core.record import Trigger
 from xlakit.engine import tape
 from xlakit.engine.executor import current as engine
 
@@ -327,6 +328,21 @@ def test_the_run_after_a_partial_sync_replays_what_it_left_pending(dev):
         xlakit.mark_step()
         torch.testing.assert_close(out.cpu(), _mid_step_read(x, torch.sin, torch.cos, "s"))
     assert last().replay.recorded == 0 and last().replay.why == "", last().replay
+
+
+def test_the_run_after_a_partial_sync_replays_when_the_run_before_it_was_not_recorded(dev):
+    """Each step begins after another sync (a benchmark's peers take turns, a notebook runs
+    other cells), so the run before the read is each time the first after its sync, not
+    recorded; the run after it still finds what it reads."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for i in range(5):
+        out = _mid_step_read(lx, torch.sin, torch.cos, "s")
+        engine().sync(trigger=Trigger.MARK_STEP, source=f"marker {i}")
+        torch.testing.assert_close(out.cpu(), _mid_step_read(x, torch.sin, torch.cos, "s"))
+    marker = [r for r in xlakit.steps() if r.trigger == Trigger.MARK_STEP][-1]
+    assert marker.replay.recorded == 0 and marker.replay.why == "", marker.replay
 
 
 def test_a_pending_value_of_another_shape_from_before_a_partial_sync_is_not_replayed(dev):

@@ -431,10 +431,11 @@ class Tape:
         """Note a new node: replayed from `expected`, or recorded (its operand tensors, template, ...)."""
         run = self._run
         run.ops += 1
-        if not run.recording:
-            return
         if run.first_seq < 0:
             run.first_seq = node.seq
+        if not run.recording:  # its nodes only: the run after a partial sync may read them (Run.position)
+            run.nodes.append(node)
+            return
         if len(run.recorded) >= LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
@@ -461,10 +462,13 @@ class Tape:
         recorded the same graph here on operands from the same places."""
         run = self._run
         run.ops += len(nodes)
-        if not run.recording or not nodes:
+        if not nodes:
             return
         if run.first_seq < 0:
             run.first_seq = nodes[0].seq
+        if not run.recording:
+            run.nodes.extend(nodes)
+            return
         if len(run.recorded) + len(nodes) > LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
@@ -531,7 +535,7 @@ class Tape:
         expected = run.expected
         whole = run.recording and not run.why and expected is not None and len(run.recorded) == len(expected.recorded)
         run.lineage = expected.lineage if whole else object()
-        run.kept = not full and run.recording
+        run.kept = not full
         before = run if run.kept else None
         if run.recording:
             run.back_off()
