@@ -205,6 +205,12 @@ def measure(name: str, quick: bool, device: str):
             if peer == "xlakit lazy":
                 records = captured[-steps:]
     python = python_per_step(*all_peers["xlakit lazy"])
+    if "torch_xla lazy" in all_peers:  # from an idle device: back to back, its tracing shares the CPU with its last step
+        step, wait = all_peers["torch_xla lazy"]
+        for _ in range(PYTHON_STEPS):
+            wait()
+            step()
+        wait()
     for peer, (step, wait) in all_peers.items():
         if peer == COMPILED:  # one step apart: its wall time next to its executables' own
             with xlakit.capture() as one_step:
@@ -226,10 +232,10 @@ def measure(name: str, quick: bool, device: str):
         by_torch_xla = f"{ratio(peer, torch_xla):.2f}" if torch_xla else "-"
         print(f"| {peer} | {statistics.median(times[peer]):.1f} | {by_torch_xla} | {ratio(peer, floor):.2f} |")
     if python:
-        traced = TRACED["torch_xla lazy"][-rounds * steps:]
+        traced = TRACED["torch_xla lazy"][-PYTHON_STEPS:]
         xla = f"{statistics.median(traced) * 1e3:.1f}" if traced else "-"
-        print(f"\nPython per step, median of {PYTHON_STEPS} steps (xlakit: wall minus its records' execute, lower and "
-              "compile; torch_xla: forward, backward and optimizer before its sync, median of the rounds' steps)\n\n"
+        print(f"\nPython per step, median of {PYTHON_STEPS} steps, each from an idle device (xlakit: wall minus its "
+              "records' execute, lower and compile; torch_xla: forward, backward and optimizer before its sync)\n\n"
               "| | ms/step |\n|---|---|\n"
               f"| torch_xla lazy, tracing | {xla} |\n| xlakit lazy, Python | {python['python']:.1f} |\n"
               f"| of it: recording (inside its __torch_dispatch__) | {python['recording']:.1f} |\n"
