@@ -131,9 +131,9 @@ class Engine:
         match it; else None."""
         return self._tape.replay(expected, args, kwargs, source)
 
-    def recorded(self, node: Node, expected: tape.Expected | None, **fresh) -> None:
-        """`node` was recorded: reusing `expected`, or fresh (`fresh`: what the next run matches)."""
-        self._tape.add(node, expected, **fresh)
+    def recorded(self, node: Node, **fresh) -> None:
+        """`node` was recorded fresh (`fresh`: what the next run matches)."""
+        self._tape.add(node, **fresh)
 
     def recorded_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
         """A compiled graph was recorded again as `nodes`: a repeated step reuses its cut and key."""

@@ -426,9 +426,8 @@ class Tape:
         run.why = (f"op {len(run.recorded)} `{_name(expected.op)}`: {what}" + (f" at {where}" if where else "")
                    + _at(expected, unless=where))
 
-    def add(self, node: Node, expected: Expected | None, *, template=None, tensors=(), structure=None,
-            layouts=(), default_dtype=None) -> None:
-        """Note a new node: replayed from `expected`, or recorded (its operand tensors, template, ...)."""
+    def add(self, node: Node, *, template=None, tensors=(), structure=None, layouts=(), default_dtype=None) -> None:
+        """Note a node recorded fresh (its operand tensors, template, ...); a replayed one: `replay`."""
         run = self._run
         run.ops += 1
         if run.first_seq < 0:
@@ -440,12 +439,6 @@ class Tape:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
         run.nodes.append(node)
-        if expected is not None:
-            run.replayed += 1
-            if node.source is not expected.source:
-                run.sources_changed = True
-            run.recorded.append(expected)
-            return
         slots, layouts_in, avals_in = [], [], []
         for t, operand in zip(tensors, node.operands):
             slots.append(self._slot(t, operand))

@@ -177,7 +177,7 @@ def _record(func, args, kwargs, info=None):
     if info.view is not None:
         offset = _view_offset(func, tensors[0], template)
         layouts = tuple(None if layout is None else (layout[0], layout[1] + offset) for layout in layouts)
-    engine.recorded(node, None, template=template, tensors=tensors, structure=structure, layouts=layouts,
+    engine.recorded(node, template=template, tensors=tensors, structure=structure, layouts=layouts,
                     default_dtype=signature[1])
     outputs = _new_outputs(node, info, args, avals, layouts)
     return structure(outputs) if structure is not None else outputs[0]
