@@ -75,9 +75,11 @@ def build(name: str, quick: bool):
     return model, logits, ids
 
 
-def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m, whole=lambda step: step):
+def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m, whole=lambda step: step,
+               traced: list | None = None):
     """One AdamW step of a copy of `model` on `device`; `wrap` wraps the model (torch.compile of
-    its forward), `whole` the step itself (torch.compile of forward, backward and optimizer)."""
+    its forward), `whole` the step itself (torch.compile of forward, backward and optimizer).
+    `traced`: where each step's seconds before `after_step` (a lazy peer's tracing) go."""
     model = copy.deepcopy(model).to(device)
     run = wrap(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
@@ -90,7 +92,10 @@ def torch_peer(model, ids, device, after_step=lambda: None, wrap=lambda m: m, wh
     train = whole(train)
 
     def step():
+        started = time.perf_counter()
         train(ids)
+        if traced is not None:
+            traced.append(time.perf_counter() - started)
         after_step()
     return step
 
@@ -159,11 +164,12 @@ def peers(model, logits_fn, ids, device, quick: bool):
         import torch_xla
         import torch_xla.core.xla_model as xm
 
-        result["torch_xla lazy"] = (torch_peer(model, ids, torch_xla.device(), after_step=torch_xla.sync),
-                                    xm.wait_device_ops)
+        result["torch_xla lazy"] = (torch_peer(model, ids, torch_xla.device(), after_step=torch_xla.sync,
+                                               traced=TRACED["torch_xla lazy"]), xm.wait_device_ops)
     except ImportError:  # torch_xla: the .venv column only (it needs torch 2.9)
         pass
-    result["xlakit lazy"] = (torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step), lambda: None)
+    result["xlakit lazy"] = (torch_peer(model, ids, xlakit.device(), after_step=xlakit.mark_step,
+                                        traced=TRACED["xlakit lazy"]), lambda: None)
     result[COMPILED] = (torch_peer(model, ids, xlakit.device(), whole=xlakit_compiled), xlakit.wait)
     result["xlakit lazy, dispatch ahead"] = (torch_peer(model, ids, xlakit.device(), after_step=mark_step_ahead),
                                              xlakit.wait)
@@ -171,6 +177,8 @@ def peers(model, logits_fn, ids, device, quick: bool):
 
 
 COMPILED = "xlakit torch.compile, whole step"
+# per lazy peer, each step's seconds of forward, backward and optimizer before its step marker
+TRACED = {"torch_xla lazy": [], "xlakit lazy": []}
 # a peer whose step returns at dispatch; torch_xla's sync on XLA:CPU returns after its executable
 # ran (measured: its host time was its whole step), so its Python is bench/tracing.py's per op
 ASYNC_PEERS = ("xlakit lazy, dispatch ahead",)
@@ -197,6 +205,13 @@ def measure(name: str, quick: bool, device: str):
                 times[peer].append(seconds_per_step(step, wait, steps, warmup=0, rounds=1) * 1e3)
             if peer == "xlakit lazy":
                 records = captured[-steps:]
+    python = python_per_step(*all_peers["xlakit lazy"])
+    if "torch_xla lazy" in all_peers:  # from an idle device: back to back, its tracing shares the CPU with its last step
+        step, wait = all_peers["torch_xla lazy"]
+        for _ in range(PYTHON_STEPS):
+            wait()
+            step()
+        wait()
     for peer, (step, wait) in all_peers.items():
         if peer in ASYNC_PEERS:
             host[peer] = host_seconds_per_step(step, wait) * 1e3
@@ -211,6 +226,17 @@ def measure(name: str, quick: bool, device: str):
     for peer in times:
         by_torch_xla = f"{ratio(peer, torch_xla):.2f}" if torch_xla else "-"
         print(f"| {peer} | {statistics.median(times[peer]):.1f} | {by_torch_xla} | {ratio(peer, floor):.2f} |")
+    if python:
+        traced = TRACED["torch_xla lazy"][-PYTHON_STEPS:]
+        xla = f"{statistics.median(traced) * 1e3:.1f}" if traced else "-"
+        print(f"\nPython per step, median of {PYTHON_STEPS} steps, each from an idle device (xlakit: wall minus its "
+              "records' execute, lower and compile; torch_xla: forward, backward and optimizer before its sync)\n\n"
+              "| | ms/step |\n|---|---|\n"
+              f"| torch_xla lazy, tracing | {xla} |\n| xlakit lazy, Python | {python['python']:.1f} |\n"
+              f"| of it: recording (inside its __torch_dispatch__) | {python['recording']:.1f} |\n"
+              f"| of it: the step marker (its own work) | {python['marker']:.1f} |\n"
+              f"| of it: the rest (the model's and torch's own Python, partial syncs) | {python['rest']:.1f} |\n\n"
+              f"xlakit's step: {python['executions']} executions, {python['replayed']} of {python['ops']} ops replayed")
     if records:
         print(f"\nxlakit lazy, per step: {records[-1].num_nodes} nodes; Python recording "
               f"{statistics.median(r.timings.trace for r in records) * 1e3:.1f} ms, execution (waited) "
@@ -226,6 +252,34 @@ def measure(name: str, quick: bool, device: str):
         for peer, ms in host.items():
             bound = "Python" if ms > PROJECTED_DEVICE_MS else "device"
             print(f"| {peer} | {ms:.1f} | {max(ms, PROJECTED_DEVICE_MS):.1f} | {bound} |")
+
+
+PYTHON_STEPS = 5
+
+
+def python_per_step(step, wait) -> dict:
+    """xlakit lazy's Python per step, median of PYTHON_STEPS steps: wall minus the executions'
+    execute, lower and compile; of it, recording (Timings.trace), the step marker's own work
+    (its wall minus its record's execute, lower and compile) and the rest."""
+    import xlakit
+
+    rows = []
+    for _ in range(PYTHON_STEPS):
+        wait()
+        with xlakit.capture() as records:
+            started = time.perf_counter()
+            step()
+            wall = time.perf_counter() - started
+        device = sum(r.timings.execute + r.timings.lower + r.timings.compile for r in records)
+        marker = records[-1].timings
+        marker_s = wall - TRACED["xlakit lazy"][-1] - (marker.execute + marker.lower + marker.compile)
+        recording = sum(r.timings.trace for r in records)
+        rows.append({"python": wall - device, "recording": recording, "marker": marker_s,
+                     "rest": wall - device - recording - marker_s, "executions": len(records),
+                     "replayed": sum(r.replay.replayed for r in records if r.replay),
+                     "ops": sum(r.replay.replayed + r.replay.recorded for r in records if r.replay)})
+    return {k: statistics.median(r[k] for r in rows) * (1e3 if isinstance(rows[0][k], float) else 1)
+            for k in rows[0]}
 
 
 KINDS = ("lazy", "compiled")  # cold start: xlakit's lazy step, and the whole step under torch.compile

@@ -3,8 +3,9 @@
 A 2000-op elementwise chain on a small tensor, so the executable's own run
 time is negligible and the framework overhead is what is measured; the same
 chain in place (`mul_`, `add_`), which on a lazy device goes through
-functionalization's in-place path.
-Prints a markdown table of medians and ratios (xlakit / torch_xla).
+functionalization's in-place path. Then a replayed step's marker at three
+chain lengths: what of it grows with the step's nodes.
+Prints markdown tables of medians and ratios (xlakit / torch_xla).
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ N_OPS = 2000
 REPEATS = 7
 
 
-def chain(x, y):
-    for i in range(N_OPS // 2):
+def chain(x, y, n_ops=N_OPS):
+    for i in range(n_ops // 2):
         x = x * y
         x = x + y
     return x
@@ -100,6 +101,37 @@ def python_dispatch_floor() -> float:
     return statistics.median(times)
 
 
+MARKER_SIZES = (500, 2000, 8000)
+
+
+def replayed_marker(n_ops: int):
+    """A replayed step's marker for an `n_ops`-op chain, median seconds: its own work (wall minus
+    the executable's run), and the freeing of the step's nodes when its graph is dropped
+    (the marker returns it; xlakit.mark_step drops it at once)."""
+    import xlakit
+    from xlakit.core.record import Trigger
+    from xlakit.session import current
+
+    engine = current()
+    x = torch.full((128,), 1.0, device=xlakit.device())
+    y = torch.full((128,), 1.0, device=xlakit.device())
+    own, freeing = [], []
+    for i in range(REPEATS + 3):  # the first three: not recorded, recorded, compiled
+        out = chain(x, y, n_ops)
+        t0 = time.perf_counter()
+        done = engine.sync(trigger=Trigger.MARK_STEP, source="bench")
+        t1 = time.perf_counter()
+        del done
+        t2 = time.perf_counter()
+        record = xlakit.last_step()
+        if i >= 3:
+            assert record.replay.recorded == 0, record.replay
+            own.append(t1 - t0 - record.timings.execute)
+            freeing.append(t2 - t1)
+        del out
+    return statistics.median(own), statistics.median(freeing)
+
+
 def main():
     rows = {}
     try:
@@ -131,6 +163,12 @@ def main():
         print(f"| {name} | {trace / N_OPS * 1e6:.1f} | {in_place} | {sync * 1e3:.2f} |")
     print(f"| floor: no-op Python dispatch under functionalization | "
           f"{python_dispatch_floor() / N_OPS * 1e6:.1f} | - | - |")
+    print("\nA replayed step's marker, by the step's size (median ms; its own work is wall minus the "
+          "executable's run)\n\n| ops in the step | marker's own work ms | then freeing the step's nodes ms |\n"
+          "|---|---|---|")
+    for n_ops in MARKER_SIZES:
+        own, freeing = replayed_marker(n_ops)
+        print(f"| {n_ops} | {own * 1e3:.2f} | {freeing * 1e3:.2f} |")
     if "torch_xla 2.9 (LazyTensor)" in rows:
         xt, xs, xi = rows["torch_xla 2.9 (LazyTensor)"]
         kt, ks, ki = rows["xlakit, replayed step"]

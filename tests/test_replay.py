@@ -13,7 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xlakit
+from xlakit.core.record import Trigger
 from xlakit.engine import tape
+from xlakit.engine.executor import current as engine
 
 EXAMPLES = int(os.environ.get("XLAKIT_FUZZ_EXAMPLES", "15"))
 RANDOM = os.environ.get("XLAKIT_FUZZ_RANDOM", "") == "1"
@@ -304,3 +306,102 @@ def test_a_replayed_op_checks_its_python_scalars_as_a_fresh_record_does(dev, nam
         xlakit.mark_step()
         assert_same(got, want)
     assert last().replay.replayed > 0  # the last run replayed its recording
+
+
+# -- a partial sync mid-step: the run after it reads what it left pending ------------------
+def _mid_step_read(inp, first, second, read):
+    """`first` and `second` recorded, a partial sync of `read` of them, then the step's end reads `second`'s."""
+    a = first(inp)
+    b = second(a)
+    s = inp.sum()
+    xlakit.sync([{"a": a, "s": s}[read]])  # one line: the run after it begins at the same sync
+    return b * 2
+
+
+def test_the_run_after_a_partial_sync_replays_what_it_left_pending(dev):
+    """transformers' models read their mask with .item() after the embedding, which the marker
+    computes; the run after the read is replayed (it recorded every step before)."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for _ in range(5):
+        out = _mid_step_read(lx, torch.sin, torch.cos, "s")
+        xlakit.mark_step()
+        torch.testing.assert_close(out.cpu(), _mid_step_read(x, torch.sin, torch.cos, "s"))
+    assert last().replay.recorded == 0 and last().replay.why == "", last().replay
+
+
+def test_the_run_after_a_partial_sync_replays_when_the_run_before_it_was_not_recorded(dev):
+    """Each step begins after another sync (a benchmark's peers take turns, a notebook runs
+    other cells), so the run before the read is each time the first after its sync, not
+    recorded; the run after it still finds what it reads."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for i in range(5):
+        out = _mid_step_read(lx, torch.sin, torch.cos, "s")
+        engine().sync(trigger=Trigger.MARK_STEP, source=f"marker {i}")
+        torch.testing.assert_close(out.cpu(), _mid_step_read(x, torch.sin, torch.cos, "s"))
+    marker = [r for r in xlakit.steps() if r.trigger == Trigger.MARK_STEP][-1]
+    assert marker.replay.recorded == 0 and marker.replay.why == "", marker.replay
+
+
+def test_a_pending_value_of_another_shape_from_before_a_partial_sync_is_not_replayed(dev):
+    """At the same place in the run before, another shape: that run was recorded anew, and the
+    run after must infer from the new shape (replaying gave the old step's shapes)."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x, wide = torch.randn(4, 5), torch.randn(5, 4)
+    lx, lwide = x.to(dev), wide.to(dev)
+    for inp, lazy in [(x, lx)] * 4 + [(wide, lwide)]:
+        out = _mid_step_read(lazy, torch.sin, lambda t: t.sum(0), "s")
+        xlakit.mark_step()
+        assert_same(out, _mid_step_read(inp, torch.sin, lambda t: t.sum(0), "s"))
+    assert "now reads another value" in last().replay.why or "now f32" in last().replay.why, last().replay
+
+
+def test_a_run_before_that_differed_keeps_the_marker_from_reusing_its_cut(dev):
+    """The run after the read matches whole (same shapes), but the run before it computed
+    cos where it computed sin: a cut and key reused from the step before would run sin."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for first in [torch.sin] * 4 + [torch.cos]:
+        out = _mid_step_read(lx, first, torch.tanh, "s")
+        xlakit.mark_step()
+        torch.testing.assert_close(out.cpu(), _mid_step_read(x, first, torch.tanh, "s"))
+    assert last().replay.recorded == 0  # its own ops matched
+
+
+def test_a_partial_sync_that_computed_other_values_keeps_the_marker_from_reusing_its_cut(dev):
+    """The same ops, but the read computed `a` where it computed the sum: the marker's graph
+    reads `a` as an input, as a fresh cut makes it (the reused cut computed `a` again)."""
+    engine().forget_recordings()  # the runs other tests began at these lines
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for read in ["s"] * 4 + ["a"]:
+        out = _mid_step_read(lx, torch.sin, torch.tanh, read)
+        xlakit.mark_step()
+        torch.testing.assert_close(out.cpu(), _mid_step_read(x, torch.sin, torch.tanh, read))
+    replayed = last()
+    engine().forget_recordings()
+    out = _mid_step_read(lx, torch.sin, torch.tanh, "a")
+    xlakit.mark_step()
+    fresh = last()
+    assert fresh.replay.replayed == 0
+    assert (replayed.num_nodes, replayed.num_inputs, replayed.key) == (fresh.num_nodes, fresh.num_inputs, fresh.key)
+
+
+def test_a_replayed_op_keeps_eagers_strides_and_offset(dev):
+    """A replayed op's outputs are made without strides where they are contiguous from offset 0;
+    others keep theirs (a product of a transpose is laid out as it, a slice has an offset), as
+    eager's and a fresh record's."""
+    engine().forget_recordings()
+    x = torch.arange(20.0).reshape(4, 5)
+    lx = x.to(dev)
+    for _ in range(4):
+        made = [lx.t() * 2, lx[1:], lx.t(), lx * 2]
+        xlakit.mark_step()
+    assert last().replay.recorded == 0 and last().replay.replayed > 0, last().replay
+    for got, want in zip(made, [x.t() * 2, x[1:], x.t(), x * 2]):
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert_same(got, want)

@@ -168,13 +168,13 @@ class Placement:
         return list(self.mesh.devices.flat)
 
 
-def plan(graph: Graph, donors: tuple[int, ...]) -> Placement | None:
+def plan(graph: Graph, donors: tuple[int, ...], marks: list | None = None) -> Placement | None:
     """Where `graph` runs: None on one device (no input or mark is on a mesh),
     else on the mesh of its sharded inputs and marks. Inputs not on that mesh
     (new host data, lifted scalars) are replicated over it. An output that
     takes a donated input's buffer keeps that input's sharding (a parameter
     updated in place stays sharded as it was), a marked output its mark's."""
-    marks = constraints(graph)
+    marks = constraints(graph) if marks is None else marks  # known: a replayed step's (engine/tape.py)
     shardings = [p.array.sharding for p in graph.params]
     named = [s for s in shardings if isinstance(s, NamedSharding)]
     # the mesh of what is split decides; a replicated input can move to it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import gc
 import threading
 import time
@@ -37,7 +38,7 @@ class Engine:
     def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
         self._tensors: dict[int, LiveValue] = {}
-        self._refs: dict[int, weakref.KeyedRef] = {}
+        self._refs: dict[int, weakref.ref] = {}
         # called before each step marker (the frontend stamps tensor labels), and after one
         # whose step was dropped (the frontend gives host state back): `hook(stopped_at)`, with
         # None where the device could not run it, else the recording order (Node.seq) of the
@@ -60,7 +61,7 @@ class Engine:
         # outputs, so no cut would take them; the next sync, whatever it computes, does
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
-        self._tape = tape.Tape()
+        self._tape = tape.Tape(self._tensors)
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
         self.profiling: profiling.Profiling | None = None
 
@@ -68,15 +69,17 @@ class Engine:
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
         key = tensor._cdata
         self._tensors[key] = value
-        self._refs[key] = weakref.KeyedRef(tensor, self._forget, key)
+        # a plain reference with a C partial as its callback: KeyedRef's Python __new__ and __init__
+        # cost every new tensor ~0.5 µs more
+        self._refs[key] = weakref.ref(tensor, functools.partial(self._forget, key))
 
-    def _forget(self, ref: weakref.KeyedRef) -> None:
+    def _forget(self, key: int, ref: weakref.ref) -> None:
         """A registered tensor died: its value goes now, its buffer with it (kept until the next
         sync, compiled calls' outputs piled up: they make no sync). Called where the tensor dies,
         in any thread; a tensor registered again has a newer reference, and this one forgets nothing."""
-        if self._refs.get(ref.key) is ref:
-            del self._refs[ref.key]
-            self._tensors.pop(ref.key, None)
+        if self._refs.get(key) is ref:
+            del self._refs[key]
+            self._tensors.pop(key, None)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
         return self._tensors[tensor._cdata]
@@ -127,13 +130,14 @@ class Engine:
         """What the run this one follows recorded at this place, if it was `op`."""
         return self._tape.expected(op)
 
-    def reused_operands(self, expected: tape.Expected, args, kwargs) -> tuple | None:
-        """The operands of `expected`'s recording if these arguments match it, else None."""
-        return self._tape.match(expected, args, kwargs)
+    def replayed(self, expected: tape.Expected, args, kwargs, source) -> Node | None:
+        """The node of `expected`'s recording on these arguments (recorded at `source`), if they
+        match it; else None."""
+        return self._tape.replay(expected, args, kwargs, source)
 
-    def recorded(self, node: Node, expected: tape.Expected | None, **fresh) -> None:
-        """`node` was recorded: reusing `expected`, or fresh (`fresh`: what the next run matches)."""
-        self._tape.add(node, expected, **fresh)
+    def recorded(self, node: Node, **fresh) -> None:
+        """`node` was recorded fresh (`fresh`: what the next run matches)."""
+        self._tape.add(node, **fresh)
 
     def recorded_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
         """A compiled graph was recorded again as `nodes`: a repeated step reuses its cut and key."""
@@ -178,7 +182,7 @@ class Engine:
             targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
                 return None
-            run = self._tape.close((trigger, source))
+            run = self._tape.close((trigger, source), full=full)
             try:
                 with _collector_paused():
                     return self._compute(targets, live, full=full, trigger=trigger, source=source, run=run)
@@ -266,7 +270,7 @@ class Engine:
         cut = cut or stages.cut(targets, live, full=full)
         planned = stages.plan(cut, live, full=full, donate=config.donate)
         graph, donors = planned.graph, planned.donors
-        placement = sharding.plan(graph, donors)
+        placement = sharding.plan(graph, donors, cut.marks)
         flags = compile_flags(graph)
         key = run.key(graph, donors, flags) if replayed and placement is None else None
         key = key or keys.compute_key(graph, donors, flags, placement)

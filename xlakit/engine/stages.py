@@ -22,6 +22,7 @@ class Cut:
     graph: Graph
     roots: list[tuple[Node, int]]   # the node output behind each graph root, in root order
     labels: list[str | None]        # per root: the label of the tensor it computes, if any
+    marks: list | None = None       # its sharding marks (sharding.constraints), where known without a walk
 
 
 @dataclasses.dataclass(frozen=True)

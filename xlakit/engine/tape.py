@@ -19,8 +19,14 @@ step is then one run of three such graphs, its cut and key reused from the step 
 
 Runs are found by the sync that began them (its trigger and line): a loop that
 reads its loss with `.item()` mid-step alternates two runs, each matched with its
-own. What a run keeps is per op (`Expected`), never the previous step's nodes or
-buffers, bounded by `LIMIT` ops per run and `RUNS` runs.
+own. What such a partial sync left pending (transformers' models read a mask with
+`.item()` after the embedding) the run after it reads by its position counted back
+into the run before (a negative position), guarded by the operand's aval as well,
+since that run may have differed; the marker's cut reaches into it only when that
+run was the same as last time (`lineage`) and left the same nodes pending. What
+a run keeps is per op (`Expected`), never the previous step's nodes or buffers
+(a partial sync's run keeps its nodes until the sync after it), bounded by
+`LIMIT` ops per run and `RUNS` runs.
 
 Recording costs each op ~20% more than not, so a run is recorded only where one
 may follow it: from the second run a sync begins (the first of a cell or a loop
@@ -30,12 +36,14 @@ seldom: one in 2, 4, 8, 16.
 """
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
+import functools
 
 import torch
 
 from ..core import sources, transfer
-from ..core.ir import Aval, DeviceData, Graph, Node, Slot
+from ..core.ir import Aval, DeviceData, Graph, Node, Slot, operand_data
 from ..core.record import Replay
 from ..core.state import Memo
 from . import keys, stages
@@ -50,13 +58,13 @@ class Expected:
     and what recording it gave (reused when it does).
 
     slots: per operand, where it came from: ("n", position, output) an earlier op
-    of the run; the run's ordinal-th distinct input buffer, as ("d", ordinal) a
+    of the run (negative: of the run before it, see Run.position); the run's ordinal-th distinct input buffer, as ("d", ordinal) a
     device tensor's, ("f", ordinal) a Python float's or ("c", ordinal) a CPU
     scalar tensor's (lifted: transfer.lifted_scalar); ("x",) anything else,
     which never matches."""
 
     __slots__ = ("op", "template", "slots", "layouts_in", "avals_in", "default_dtype", "avals", "structure",
-                 "signature", "layouts", "source")
+                 "signature", "layouts", "source")  # layouts: per output, None where contiguous from offset 0
 
     def __init__(self, op, template, slots, layouts_in, avals_in, default_dtype, avals, structure, signature,
                  layouts, source):
@@ -93,14 +101,20 @@ class _CutMemo:
     planned_roots: list     # the roots in the order the plan gave them
     flags: dict
     key: keys.Key
+    before_lineage: object = None   # positions < 0 read the run before: its lineage then
+    before_nodes: tuple = ()        # the graph's nodes of that run (each must still be pending)
 
 
 class Run:
     """The ops recorded between two syncs, matched against the run that followed the same sync before."""
 
-    def __init__(self, start, expected: Run | None, *, recording: bool = True, why: str = ""):
+    def __init__(self, start, expected: Run | None, *, recording: bool = True, why: str = "",
+                 before: Run | None = None):
         self.start = start                       # the sync that began it: (trigger, line)
         self.expected = expected                 # the run it is matched against, or None
+        self.before = before                     # the run a partial sync ended just before it, or None
+        self.kept = False                        # ended by a partial sync: its nodes kept for the next run
+        self.lineage = None                      # set at its close: its expected's if it matched it whole
         self.recording = recording               # False: its ops are only counted (see the module's doc)
         self.recorded: list[Expected] = []       # this run, as the next one will match it
         self.nodes: list[Node] = []              # dropped once it is closed and cut
@@ -115,11 +129,20 @@ class Run:
         self.misses = 0                          # runs in a row at its sync, this one included, mostly recorded
         self.wait = 0                            # runs at its sync left unrecorded before one records again
 
-    def position(self, node: Node) -> int:
-        """The node's position in this run, or -1 if it was recorded before it (or beside it)."""
+    def position(self, node: Node) -> int | None:
+        """The node's position in this run; negative in the run before it (-1 its last node);
+        None if recorded elsewhere (earlier, or beside it)."""
         position = node.seq - self.first_seq
         nodes = self.nodes
-        return position if 0 <= position < len(nodes) and nodes[position] is node else -1
+        if 0 <= position < len(nodes) and nodes[position] is node:
+            return position
+        before = self.before
+        if before is not None:
+            nodes = before.nodes
+            position = node.seq - before.first_seq
+            if 0 <= position < len(nodes) and nodes[position] is node:
+                return position - len(nodes)
+        return None
 
     def replay(self) -> Replay:
         return Replay(replayed=self.replayed, recorded=self.ops - self.replayed, why=self.why if self.ops else "")
@@ -134,7 +157,7 @@ class Run:
         roots, labels, seen = [], [], set()
         for t in targets:
             position = self.position(t.node)
-            if position < 0:
+            if position is None:
                 return None
             if (position, t.index) not in seen:
                 seen.add((position, t.index))
@@ -142,21 +165,31 @@ class Run:
                 labels.append(t.label)
         if tuple(roots) != memo.roots:
             return None
-        nodes = self.nodes
-        graph_nodes = [nodes[p] for p in memo.positions]
-        params = [graph_nodes[n].operands[k] for n, k in memo.param_uses]
+        earlier = ()
+        if memo.before_lineage is not None:  # the same run before, and what its partial sync computed the same
+            before = self.before
+            if before is None or before.lineage is not memo.before_lineage:
+                return None
+            earlier = before.nodes
+        graph_nodes = _Placed(self.nodes, earlier, memo.positions)
+        for n in memo.before_nodes:
+            if graph_nodes[n].results is not None:
+                return None
+        params = [operand_data(graph_nodes[n].operands[k]) for n, k in memo.param_uses]
         for p in params:
             if p.__class__ is not DeviceData or p.donated:
                 return None  # the walk decides (stages.cut says what is wrong)
         graph = Graph(nodes=graph_nodes, params=params, roots=list(memo.graph_roots), wiring=memo.wiring)
-        return stages.Cut(graph, [(nodes[p], i) for p, i, _ in roots], labels)
+        # no sharding marks: a cut is remembered only where it runs on one device (a mark places it on a mesh)
+        return stages.Cut(graph, [(graph_nodes.at(p), i) for p, i, _ in roots], labels, marks=[])
 
     def key(self, graph: Graph, donors: tuple, flags: dict) -> keys.Key | None:
         """The matched run's key, if this graph (made by `cut`) is planned as it was."""
         memo = self._matched_memo()
         if memo is None or donors != memo.donors or flags != memo.flags or graph.roots != memo.planned_roots:
             return None
-        if not self.sources_changed and [p.label for p in graph.params] == memo.labels:
+        changed = self.sources_changed or (memo.before_lineage is not None and self.before.sources_changed)
+        if not changed and [p.label for p in graph.params] == memo.labels:
             return memo.key
         return dataclasses.replace(memo.key, metadata_digest=keys.metadata_digest(graph))
 
@@ -177,8 +210,13 @@ class Run:
             self._memo = self._cut_memo(cut, planned, flags, key)
 
     def release(self) -> None:
-        """After its sync: drop what only the sync needed."""
-        self.inputs, self.expected, self.nodes = {}, None, []
+        """After its sync: drop what only the sync needed (a partial sync's run keeps its
+        nodes for the run after it, which drops them at its own sync)."""
+        if self.before is not None:
+            self.before.nodes = []
+        self.inputs, self.expected, self.before = {}, None, None
+        if not self.kept:
+            self.nodes = []
 
     def back_off(self) -> None:
         """Count this recorded run as a miss when most of it was recorded, not replayed;
@@ -190,8 +228,11 @@ class Run:
     def _cut_memo(self, cut: stages.Cut, planned: stages.Plan, flags, key) -> _CutMemo | None:
         graph = cut.graph
         positions = [self.position(node) for node in graph.nodes]
-        if -1 in positions:
-            return None  # a node recorded before the run (kept pending by a partial sync)
+        if None in positions:
+            return None  # a node recorded before the run before it (kept pending by partial syncs)
+        before_nodes = tuple(n for n, p in enumerate(positions) if p < 0)
+        if any(graph.nodes[n].results is not None for n in before_nodes):
+            return None  # partly computed by the partial sync: the walk decides
         roots = tuple((positions[n], i, label) for (n, i), label in zip(graph.roots, cut.labels))
         uses: dict[int, tuple[int, int]] = {}
         for n, wires in enumerate(graph.wiring):
@@ -200,15 +241,43 @@ class Run:
                     uses[w] = (n, k)
         return _CutMemo(roots=roots, positions=positions, param_uses=[uses[i] for i in range(len(graph.params))],
                         wiring=graph.wiring, graph_roots=list(graph.roots), labels=[p.label for p in graph.params],
-                        donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key)
+                        donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key,
+                        before_lineage=self.before.lineage if before_nodes else None, before_nodes=before_nodes)
+
+
+class _Placed(collections.abc.Sequence):
+    """A replayed cut's nodes, in graph order, read from the run's list where asked: the marker
+    makes no list of the step's nodes (8000 a step: 0.3 ms), and only a step that is lowered
+    or shown (a cache miss, a new source line) reads them all."""
+
+    __slots__ = ("_nodes", "_earlier", "_positions")
+
+    def __init__(self, nodes: list, earlier, positions: list[int]):
+        self._nodes, self._earlier, self._positions = nodes, earlier, positions
+
+    def at(self, position: int) -> Node:
+        """The node at this run position (negative: of the run before)."""
+        return self._nodes[position] if position >= 0 else self._earlier[position]
+
+    def __len__(self) -> int:
+        return len(self._positions)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.at(p) for p in self._positions[i]]
+        return self.at(self._positions[i])
+
+    def __iter__(self):
+        return map(self.at, self._positions)
 
 
 class Tape:
     """The run being recorded, and the last run each sync began (what a new run is matched against)."""
 
-    def __init__(self):
+    def __init__(self, values: dict):
         self._runs: Memo = Memo(RUNS)  # the sync that began a run -> the last run it began
         self._run = Run(None, None, recording=False)
+        self._values = values          # the engine's registry: a tensor's TensorImpl -> its LiveValue
 
     def clear(self) -> None:
         self._runs.clear()
@@ -236,6 +305,28 @@ class Tape:
             return None
         return expected
 
+    def replay(self, expected: Expected, args, kwargs, source) -> Node | None:
+        """The node of `expected`'s op on these arguments, recorded as replayed, if they match
+        it; else None (and the run records from here on, saying why). One call per replayed
+        op: the replayed op's Python is the step's, ~13 µs an op before (bench/tracing.py)."""
+        operands = self.match(expected, args, kwargs)
+        if operands is None:
+            return None
+        node = Node(expected.op, operands, expected.template, expected.avals, source, expected.signature)
+        run = self._run
+        run.ops += 1
+        if run.first_seq < 0:
+            run.first_seq = node.seq
+        if len(run.recorded) >= LIMIT:  # (a replayed run records, so it is one being recorded)
+            run.why = f"the run is longer than {LIMIT} ops: the rest is recorded"
+            return node
+        run.nodes.append(node)
+        run.replayed += 1
+        if source is not expected.source:
+            run.sources_changed = True
+        run.recorded.append(expected)
+        return node
+
     def match(self, expected: Expected, args, kwargs) -> tuple | None:
         """The operands of the new node when (args, kwargs) match `expected`, else None
         (and the run records from here on, saying why)."""
@@ -243,9 +334,12 @@ class Tape:
         if len(args) != len(template_args) or len(kwargs) != len(template_kwargs):
             return self._mismatch(expected, "now has other arguments")
         operands = [None] * len(expected.slots)
-        for position, (value, want) in enumerate(zip(args, template_args)):
-            if not self._same(value, want, expected, operands):
+        position = 0
+        for value, want in zip(args, template_args):
+            if not (self._same_operand(value, want.index, expected, operands) if want.__class__ is Slot
+                    else self._same(value, want, expected, operands)):
                 return self._mismatch(expected, _difference(position, value, want, expected))
+            position += 1
         for name, want in template_kwargs:
             value = kwargs.get(name, _MISSING)
             if not self._same(value, want, expected, operands):
@@ -269,12 +363,33 @@ class Tape:
         where = expected.slots[slot]
         kind = where[0]
         if value.__class__ is _LAZY:
-            operand = value._state.operand()
-            if operand.__class__ is tuple:
-                if kind != "n" or where[2] != operand[1] or where[1] != self._run.position(operand[0]):
+            # LiveValue.operand(), inlined (this runs for every operand of every replayed op)
+            state = self._values[value._cdata]
+            if state.error is not None:
+                state.check_usable()  # raises as a fresh record does
+            node = state.node
+            if node is not None:
+                results = node.results
+                if results is not None and results[state.index] is not None:
+                    state.resolve()
+                    node = None
+            if node is not None:
+                index = state.index
+                if kind != "n" or where[2] != index:
                     return False
-            elif kind != "d" or not self._same_input(operand, where[1]):
-                return False
+                position = where[1]
+                if position >= 0:
+                    nodes = self._run.nodes
+                    if position >= len(nodes) or nodes[position] is not node:
+                        return False
+                # the run before may have differed: its node's aval, as a fresh record would infer from
+                elif self._run.position(node) != position or node.avals[index] != expected.avals_in[slot]:
+                    return False
+                operand = (node, index)
+            else:
+                operand = state.data
+                if kind != "d" or not self._same_input(operand, where[1]):
+                    return False
             if (value.stride(), value.storage_offset()) != expected.layouts_in[slot]:
                 return False
         elif kind == "f" and value.__class__ is float:
@@ -311,30 +426,26 @@ class Tape:
         run.why = (f"op {len(run.recorded)} `{_name(expected.op)}`: {what}" + (f" at {where}" if where else "")
                    + _at(expected, unless=where))
 
-    def add(self, node: Node, expected: Expected | None, *, template=None, tensors=(), structure=None,
-            layouts=(), default_dtype=None) -> None:
-        """Note a new node: replayed from `expected`, or recorded (its operand tensors, template, ...)."""
+    def add(self, node: Node, *, template=None, tensors=(), structure=None, layouts=(), default_dtype=None) -> None:
+        """Note a node recorded fresh (its operand tensors, template, ...); a replayed one: `replay`."""
         run = self._run
         run.ops += 1
-        if not run.recording:
-            return
         if run.first_seq < 0:
             run.first_seq = node.seq
+        if not run.recording:  # its nodes only: the run after a partial sync may read them (Run.position)
+            run.nodes.append(node)
+            return
         if len(run.recorded) >= LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
         run.nodes.append(node)
-        if expected is not None:
-            run.replayed += 1
-            if node.source is not expected.source:
-                run.sources_changed = True
-            run.recorded.append(expected)
-            return
         slots, layouts_in, avals_in = [], [], []
         for t, operand in zip(tensors, node.operands):
             slots.append(self._slot(t, operand))
             layouts_in.append((t.stride(), t.storage_offset()) if t.__class__ is _LAZY else None)
             avals_in.append(_aval_of(operand))
+        layouts = tuple(None if layout is not None and aval is not None and layout[1] == 0
+                        and layout[0] == _contiguous(aval.shape) else layout for layout, aval in zip(layouts, node.avals))
         run.recorded.append(Expected(node.op, template, tuple(slots), tuple(layouts_in), tuple(avals_in),
                                      default_dtype, node.avals, structure, node.signature, layouts, node.source))
 
@@ -344,10 +455,13 @@ class Tape:
         recorded the same graph here on operands from the same places."""
         run = self._run
         run.ops += len(nodes)
-        if not run.recording or not nodes:
+        if not nodes:
             return
         if run.first_seq < 0:
             run.first_seq = nodes[0].seq
+        if not run.recording:
+            run.nodes.extend(nodes)
+            return
         if len(run.recorded) + len(nodes) > LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
             return
@@ -373,7 +487,7 @@ class Tape:
         """Where a compiled graph's operand came from (see Expected.slots)."""
         if operand.__class__ is tuple:
             position = self._run.position(operand[0])
-            return ("n", position, operand[1]) if position >= 0 else ("x",)
+            return ("n", position, operand[1]) if position is not None and position >= 0 else ("x",)
         return ("d", self._ordinal(operand))
 
     @staticmethod
@@ -386,7 +500,7 @@ class Tape:
         """Where a recorded operand came from (see Expected.slots)."""
         if operand.__class__ is tuple:
             position = self._run.position(operand[0])
-            return ("n", position, operand[1]) if position >= 0 and t.__class__ is _LAZY else ("x",)
+            return ("n", position, operand[1]) if position is not None and t.__class__ is _LAZY else ("x",)
         if t.__class__ is _LAZY:
             kind = "d"
         elif t.__class__ is float:
@@ -407,26 +521,36 @@ class Tape:
         return ordinal
 
     # -- at a sync ----------------------------------------------------------------
-    def close(self, start) -> Run:
-        """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run."""
+    def close(self, start, *, full: bool) -> Run:
+        """End the run at a sync, which `start`s the next one; the sync cuts and remembers the closed run.
+        After a partial sync (`full` False) the next run may read what this one left pending."""
         run = self._run
+        expected = run.expected
+        whole = run.recording and not run.why and expected is not None and len(run.recorded) == len(expected.recorded)
+        run.lineage = expected.lineage if whole else object()
+        run.kept = not full
+        before = run if run.kept else None
         if run.recording:
             run.back_off()
             self._runs[run.start] = run
         elif run.start not in self._runs:
             self._runs[run.start] = run  # the first run at its sync: the next one records
-        before = self._runs.get(start)
-        if before is None:
-            self._run = Run(start, None, recording=False, why="the first run of the code after this step marker: traced, not kept for replay")
-        elif not before.recording:
-            self._run = Run(start, before, why="the second run of the code after this step marker: kept, the next runs replay it")
-        elif before.wait == 0:
-            self._run = Run(start, before)
+        last = self._runs.get(start)
+        if last is None:
+            self._run = Run(start, None, recording=False,
+                            why="the first run of the code after this step marker: traced, not kept for replay")
+        elif not last.recording:
+            self._run = Run(start, last, why="the second run of the code after this step marker: kept, the next runs replay it",
+                            before=before)
+        elif last.wait == 0:
+            self._run = Run(start, last, before=before)
         else:
-            before.wait -= 1
-            self._run = Run(start, before, recording=False,
-                            why=f"not kept for replay: the last {before.misses} runs of the code after this step marker "
+            last.wait -= 1
+            self._run = Run(start, last, recording=False,
+                            why=f"not kept for replay: the last {last.misses} runs of the code after this step marker "
                                 f"each differed from the one before")
+        if not self._run.recording:
+            run.kept = False  # nothing will read its nodes
         return run
 
 
@@ -437,6 +561,13 @@ _LAZY = None   # front.tensor.LazyTensor (front imports engine, not the reverse)
 def set_tensor_class(cls) -> None:
     global _LAZY
     _LAZY = cls
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A new tensor's strides, as a tensor made without strides gets them: a replayed output of
+    this layout is made so (Expected.layouts holds None), ~0.3 µs less an op."""
+    return torch.empty(shape, device="meta").stride()
 
 
 def _aval_of(operand) -> Aval | None:

@@ -75,7 +75,7 @@ def dispatch(func, args, kwargs):
         return _mutate(func, info.functional, args, kwargs)
     if info.foreach is not None:
         return _foreach(info.foreach, args, kwargs)
-    return _record(func, args, kwargs)
+    return _record(func, args, kwargs, info)
 
 
 def _foreach(list_args, args, kwargs):
@@ -130,9 +130,9 @@ def _write_out(functional, args, kwargs):
     return out
 
 
-def _record(func, args, kwargs):
-    """Add one node for `func` to the IR (or run it eagerly when it can't be)."""
-    info = op_info(func)
+def _record(func, args, kwargs, info=None):
+    """Add one node for `func` to the IR (or run it eagerly when it can't be); `info`: its op_info."""
+    info = info or op_info(func)
     if info.decomposition is not None:
         return info.decomposition(*args, **kwargs)
     if info.shape_only_random:
@@ -146,10 +146,8 @@ def _record(func, args, kwargs):
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
         if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
             scalar_checks.check(func, info, args, kwargs, expected.avals[0])
-        operands = engine.reused_operands(expected, args, kwargs)
-        if operands is not None:
-            node = Node(func, operands, expected.template, expected.avals, sources.capture(), expected.signature)
-            engine.recorded(node, expected)
+        node = engine.replayed(expected, args, kwargs, sources.capture())
+        if node is not None:
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
     template, tensors, signature = op_shapes.split(func, info, args, kwargs)
@@ -179,7 +177,7 @@ def _record(func, args, kwargs):
     if info.view is not None:
         offset = _view_offset(func, tensors[0], template)
         layouts = tuple(None if layout is None else (layout[0], layout[1] + offset) for layout in layouts)
-    engine.recorded(node, None, template=template, tensors=tensors, structure=structure, layouts=layouts,
+    engine.recorded(node, template=template, tensors=tensors, structure=structure, layouts=layouts,
                     default_dtype=signature[1])
     outputs = _new_outputs(node, info, args, avals, layouts)
     return structure(outputs) if structure is not None else outputs[0]
@@ -201,6 +199,8 @@ def _new_outputs(node, info, args, avals, layouts) -> list:
 
 
 def _outputs(node, avals, layouts):
+    if len(avals) == 1:  # most ops: no generator and zip per op
+        return [None if avals[0] is None else new_tensor(avals[0], node, 0, layout=layouts[0])]
     return [None if aval is None else new_tensor(aval, node, i, layout=layout)
             for i, (aval, layout) in enumerate(zip(avals, layouts))]
 
