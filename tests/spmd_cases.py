@@ -245,8 +245,10 @@ def sharding_only_change_is_a_miss() -> dict:
 
 
 def _scalar_vectors(dev, mesh):
-    t0 = xlakit.mark_sharding(torch.full((8,), 1).to(dev), mesh, ("data",))
-    t1 = xlakit.mark_sharding(torch.full((8,), 2).to(dev), mesh, ("data",))
+    # made on the device: a read of what integer ops compute from uploads alone is answered on
+    # the host (front/host_reads.py), with no partial sync to test
+    t0 = xlakit.mark_sharding(torch.full((8,), 1, device=dev), mesh, ("data",))
+    t1 = xlakit.mark_sharding(torch.full((8,), 2, device=dev), mesh, ("data",))
     xlakit.mark_step()
     return t0, t1
 
