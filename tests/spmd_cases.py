@@ -336,7 +336,8 @@ def views() -> dict:
     assert "f32[4,4,8] ('data', None, 'model'): 64 B per device; blocks 2x1x4: 0 | 1 | 2 | 3 | 4 | 5 | 6 | 7" \
         in text, text
     assert sharding_view.large_replicated(record) == ["input 1 big f32[512,1024]"]
-    assert "WARNING: 1 tensor(s) of 1.0 MiB or more are replicated, whole on each of the 8 devices: input 1 big" \
+    assert "WARNING: 1 input(s) and 0 output(s) of 1.0 MiB or more are replicated, whole on each of the 8 devices: " \
+        "input 1 big" \
         in text, text
     html = xlakit.sharding_view(record)._repr_html_()
     assert html.count('<table class="grid">') == 1 + 2, html  # the mesh's grid, and x's two [i, :, :] grids

@@ -60,3 +60,26 @@ def test_a_stale_quote_is_caught():
     cells[1]["metadata"] = {}  # the same output in a cell nbval does not compare does not count
     cells[1]["outputs"][0]["text"] = ["15 steps: 14 cache hits\n"]
     assert checked_outputs(cells) == ""
+
+
+def test_the_quickstarts_stored_key_is_the_one_the_code_computes_now(dev):
+    """nbval hides digests (sanitize.cfg), so a re-keying change left every stored key of 01 stale.
+    Its first step, computed again: the key components that depend on neither the machine nor the
+    environment must be the stored ones (backend and flags do: tests run under conftest's XLA_FLAGS)."""
+    import torch
+
+    import xlakit
+
+    cells = json.loads((ROOT / "notebooks" / "01_quickstart.ipynb").read_text())["cells"]
+    texts = ["".join(output.get("data", {}).get("text/plain", "")) for cell in cells
+             for output in cell.get("outputs", [])]
+    text = next(t for t in texts if "step 0 [tiny]" in t)
+    stored = dict(re.findall(r"^ {4}(\w+) +([0-9a-f]{16})$", text, re.M))
+    a = torch.tensor([-1.0, 2.0, 3.0]).to(dev)
+    y = (a * 2 + 1).relu().sum()
+    xlakit.mark_step()
+    step = xlakit.last_step()
+    now = {name: digest[:16] for name, digest in step.components.items()}
+    portable = ("graph", "inputs", "donors", "shardings")
+    assert {n: now[n] for n in portable} == {n: stored[n] for n in portable}
+    del y

@@ -2,6 +2,7 @@
 analysis, each buffer's size and donation, per-op FLOP estimates by module) and
 what they show."""
 import dataclasses
+import re
 import warnings
 
 import pytest
@@ -298,6 +299,50 @@ def test_why_summarizes_a_long_list_of_donated_inputs():
     now = {2, 3, 4, 5, 6, 7, 9, *range(17, 22), 25, *range(28, 33), 34, *range(38, 44), *range(50, 90)}
     lines = misses.explain_miss({"donors": "b"}, graph(now), {"donors": "a"}, graph(set()))
     assert lines == [f"donated inputs now {len(now)} (2-7, 9, 17-21, 25, 28-32, 34, ...), was none"]
+
+
+def test_why_against_a_step_with_no_input_in_common_says_a_new_graph(dev):
+    """01's GPT-2 step was diffed against the 4-op step before it: 9 lines about another program."""
+    tiny = torch.tensor([-1.0, 2.0, 3.0]).to(dev)
+    y = (tiny * 2 + 1).relu().sum()
+    xlakit.mark_step()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).to(dev)
+    loss = model(torch.randn(5, 8).to(dev)).sum()
+    loss.backward()
+    xlakit.mark_step()
+    unrelated = xlakit.last_step()
+    assert unrelated.why == ("a new graph: the closest cached step (4 nodes, 1 inputs) has none of its input "
+                             "shapes at the same position",)
+    x = torch.randn(3, 8).to(dev)  # a relative: the same weights, another batch
+    loss = model(x).sum()
+    loss.backward()
+    xlakit.mark_step()
+    assert any(line.startswith("input ") for line in xlakit.last_step().why), xlakit.last_step().why
+    del y
+
+
+def test_why_names_the_setting_that_changed(dev, monkeypatch):
+    """A step compiled again under check_nans said "flags changed (compiler, platform or settings)"."""
+    x = torch.arange(4.0).to(dev)
+    y = (x * 3).sin()
+    xlakit.mark_step()
+    monkeypatch.setattr(xlakit.config, "check_nans", True)
+    y = (x * 3).sin()
+    xlakit.mark_step()
+    why = xlakit.last_step().why
+    assert len(why) == 1 and re.fullmatch(r"setting nans now 'on [0-9a-f]+', was 'unset'", why[0]), why
+    del y
+
+
+def test_a_step_without_xla_cost_analysis_gives_xlakits_estimate_in_the_text_too(dev):
+    """09's text view said "cost: unknown" beside its HTML's estimate."""
+    y = (torch.ones(4, 4).to(dev) @ torch.ones(4, 4).to(dev)).sum()
+    xlakit.mark_step()
+    record = dataclasses.replace(xlakit.last_step(), cost=None)
+    line = panels.cost_line(record)
+    assert "no cost analysis" in line and "xlakit's own estimate 1" in line, line
+    assert "xlakit's own estimate" in panels.cost_html(record)
+    del y
 
 
 def test_tables_scroll_in_their_own_box_and_text_is_at_least_11px(dev):

@@ -11,10 +11,18 @@ def diff(new: dict[str, str], old: dict[str, str]) -> list[str]:
     return [name for name in new if new[name] != old.get(name)]
 
 
-def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph, limit: int = 3) -> list[str]:
-    """Why a key with components `new` is not `old`, in words (graphs are GraphInfo)."""
+def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph, limit: int = 3,
+                 settings: tuple[tuple, tuple] = ((), ())) -> list[str]:
+    """Why a key with components `new` is not `old`, in words (graphs are GraphInfo);
+    `settings`: the two keys' flag values (engine/keys.py), where known."""
     lines = []
     changed = diff(new, old)
+    if {"graph", "inputs"} <= set(changed) and len(new_graph.params) != len(old_graph.params) and not any(
+            a.aval == b.aval for a, b in zip(new_graph.params, old_graph.params)):
+        # another number of inputs and none in common: listing the differences (9 lines for a
+        # GPT-2 step against a 4-op one) describes another program, not a change
+        return [f"a new graph: the closest cached step ({len(old_graph.nodes)} nodes, {len(old_graph.params)} "
+                "inputs) has none of its input shapes at the same position"]
     if "inputs" in changed:
         lines += _differences("input", [p.aval for p in new_graph.params], [p.aval for p in old_graph.params],
                               limit)
@@ -44,8 +52,24 @@ def explain_miss(new: dict[str, str], new_graph, old: dict[str, str], old_graph,
         lines.append(f"donated inputs now {_numbers(now)}, was {_numbers(was)}")
     if "shardings" in changed and len(new_graph.params) == len(old_graph.params):
         lines += _sharding_differences(new_graph, old_graph, limit, alone=not {"graph", "inputs"} & set(changed))
-    lines += [f"{name} changed (compiler, platform or settings)" for name in ("backend", "flags") if name in changed]
+    if "backend" in changed:
+        lines.append("backend changed (compiler or platform)")
+    if "flags" in changed:
+        lines += _settings_differences(*settings) or ["flags changed (compiler, platform or settings)"]
     return lines
+
+
+def _settings_differences(new: tuple, old: tuple) -> list[str]:
+    """Each flag whose value differs, as "setting checks now 'on', was 'off'" (none if either is unknown)."""
+    if not new or not old:
+        return []
+    new, old = dict(new), dict(old)
+    return [f"setting {name} now {_short(new.get(name, 'unset'))}, was {_short(old.get(name, 'unset'))}"
+            for name in sorted(new.keys() | old.keys()) if new.get(name) != old.get(name)]
+
+
+def _short(value: str) -> str:
+    return repr(value) if len(value) <= 40 else repr(value[:37] + "...")
 
 
 def _sharding_differences(new_graph, old_graph, limit: int, alone: bool) -> list[str]:

@@ -53,7 +53,8 @@ class Executables:
             return Lookup(entry, outcome, lower_s, compile_s)
         changed = tuple(misses.diff(key.components, closest.key.components))
         why = tuple(misses.explain_miss(key.components, graph_info(entry, graph, donors, key),
-                                        closest.key.components, next(iter(closest.graph_infos.values()))))
+                                        closest.key.components, next(iter(closest.graph_infos.values())),
+                                        settings=(key.settings, closest.key.settings)))
         return Lookup(entry, outcome, lower_s, compile_s, changed, why)
 
     def hit_rate(self) -> float:

@@ -27,6 +27,9 @@ class Key:
     components: dict[str, str]
     metadata_digest: str
     key: str
+    # the flags' values, so that a miss can name the setting that changed (analysis/misses.py);
+    # a class default: a key pickled before it existed loads with none
+    settings: tuple = ()
 
 
 def graph_bytes(graph: Graph) -> bytes:
@@ -56,7 +59,8 @@ def compute_key(graph: Graph, donors: tuple[int, ...], flags: dict[str, str],
         "shardings": digest(b"one device" if placement is None else placement.key_bytes(graph)),
     }
     key = digest(*(f"{name}={value}".encode() for name, value in components.items()))
-    return Key(components=components, metadata_digest=metadata_digest(graph), key=key)
+    return Key(components=components, metadata_digest=metadata_digest(graph), key=key,
+               settings=tuple(sorted(flags.items())))
 
 
 def metadata_digest(graph: Graph) -> str:

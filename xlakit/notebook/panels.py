@@ -119,7 +119,8 @@ def _buffers_table(record: StepRecord) -> str:
 def cost_line(record: StepRecord) -> str:
     c = record.cost
     if c is None:
-        return f"unknown ({record.backend} gives no cost analysis of this executable)"
+        return (f"no XLA estimate ({record.backend} gives no cost analysis of this executable); "
+                f"xlakit's own estimate {human_flops(flops.by_module(record.graph).flops)} (Cost tab)")
     return (f"{human_flops(c.flops)}, {human_bytes(round(c.bytes_accessed))} accessed per device "
             "(XLA's estimates)")
 
@@ -127,7 +128,7 @@ def cost_line(record: StepRecord) -> str:
 def cost_html(record: StepRecord) -> str:
     c = record.cost
     if c is None:
-        parts = [f"<div>{html.escape(cost_line(record))}</div>"]
+        parts = [f"<div>unknown ({html.escape(str(record.backend))} gives no cost analysis of this executable)</div>"]
     else:
         intensity = f"{c.flops / c.bytes_accessed:.2f}" if c.bytes_accessed else "unknown"
         rows = [("FLOPs", human_flops(c.flops)), ("bytes accessed", human_bytes(round(c.bytes_accessed))),

@@ -70,7 +70,9 @@ def _warning(record: StepRecord, large: int) -> str | None:
     if not found:
         return None
     shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-    return (f"{len(found)} tensor(s) of {human_bytes(large)} or more are replicated, whole on each of the "
+    inputs = sum(name.startswith("input ") for name in found)
+    return (f"{inputs} input(s) and {len(found) - inputs} output(s) of {human_bytes(large)} or more are "
+            "replicated, whole on each of the "
             f"{record.shardings.mesh.size} devices: {shown}. Split them with mark_sharding or xlakit.shard_module.")
 
 
