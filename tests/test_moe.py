@@ -109,7 +109,8 @@ def test_eager_experts_loop_falls_back_and_recompiles_with_the_routing(dev, fall
     assert "output shape depends on the data" in reasons["aten.nonzero.default"]
     assert "modeling_mixtral.py" in reasons["aten.nonzero.default"]
     first, second = step.per_step
-    assert {str(r.trigger) for r in second} == {"fallback", "item", "mark_step"}  # one graph split per expert
+    # one graph split per expert; the loop's `.item()` of what nonzero gave (an upload) is read on the host
+    assert {str(r.trigger) for r in second} == {"fallback", "mark_step"}
     # the routing moved: besides the step marker's graph (the first step's also made the optimizer
     # state), graphs between the fallbacks have new shapes
     new = [r for r in second if r.key not in {r.key for r in first}]

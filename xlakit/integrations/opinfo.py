@@ -21,6 +21,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import session
+from ..config import config
 from ..front import install
 from ..front.recorder import DEVICE
 
@@ -272,8 +273,11 @@ def sweep(limit: int | None = None, names: list[str] | None = None,
     ops = [o for o in op_db if names is None or o.name in names]
     results = {}
     # OpInfo's seeding wrapper (random ops) ends with a step marker on a "lazy"
-    # device through PyTorch's own lazy-tensor runtime: here, xlakit's.
-    with unittest.mock.patch.object(torch._lazy, "mark_step", lambda *args, **kwargs: session.mark_step()):
+    # device through PyTorch's own lazy-tensor runtime: here, xlakit's. No host copies of
+    # uploads: a read of integer ops on them would be eager's answer (front/host_reads.py),
+    # not the lowering's.
+    with unittest.mock.patch.object(torch._lazy, "mark_step", lambda *args, **kwargs: session.mark_step()), \
+            unittest.mock.patch.object(config, "host_copy_bytes", 0):
         for opinfo in ops[:limit]:
             key = opinfo.name + (f".{opinfo.variant_test_name}" if opinfo.variant_test_name else "")
             supported = opinfo.supported_dtypes("cpu")
