@@ -203,7 +203,10 @@ def test_quickstart_renders_the_step_widget(server, notebooks, page, shots):
     widgets_drawn(page, 3)
     shown_once(page, 3)
     assert page.locator(".xlakit-graph-widget g.xlakit-node").count() > 10
-    key_text = page.locator(".xlakit-step-view table.xlakit-key").last.inner_text()
+    page.locator(".xlakit-step-view [role=tab]", has_text="Key").last.click()
+    key = page.locator(".xlakit-step-view table.xlakit-key").last
+    key.wait_for(state="visible", timeout=10_000)
+    key_text = key.inner_text()
     for component in ("graph", "inputs", "donors", "backend", "flags", "metadata"):
         assert component in key_text
     page.locator(".xlakit-step-view [role=tab]", has_text="Donation").last.click()
