@@ -43,14 +43,26 @@ venv: .venv/.installed
 test: venv browser graphviz
 	.venv/bin/python -m $(TESTS)
 
-# Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
-test-latest: .venv-latest/.installed browser graphviz
-	.venv-latest/bin/python -m $(TESTS) --ignore notebooks/09_torch_xla.ipynb
+# The other columns leave to `make test`'s the modules that their versions do not change
+# (docs/versions.md): the benchmarks' smoke runs (`make bench` runs in .venv) and the browser test
+# (.venv-latest has .venv's JupyterLab, ipywidgets and anywidget; Colab's frontend is not JupyterLab).
+# Each column splits its two stretches where its own run's time halves (tests/conftest.py).
+ONE_COLUMN := tests/test_bench_smoke.py tests/test_browser.py
 
-# The Colab TPU stack: the whole suite and the notebooks top to bottom. The JupyterLab 4
-# browser test needs ipywidgets 8, so it is not this column's (Colab's frontend is not JupyterLab).
+# Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
+# Its jax is .venv's: the disk cache's faults and directories, JAX's and xlakit's alone, are
+# make test's.
+test-latest: .venv-latest/.installed browser graphviz
+	XLAKIT_SECOND_STRETCH=tests/test_module_paths.py .venv-latest/bin/python -m $(TESTS) \
+	  $(addprefix --ignore ,notebooks/09_torch_xla.ipynb $(ONE_COLUMN) tests/test_faults.py tests/test_cache_dir.py)
+
+# The Colab TPU stack: the suite and the notebooks top to bottom. Its torch is .venv's: the
+# torch.compile modules, whose Dynamo frames and FX graphs are torch 2.9.0's as there and whose
+# ops lower as the lazy tests' do here, are make test's (notebooks/07 runs torch.compile here whole).
 test-colab: .venv-colab/.installed graphviz
-	.venv-colab/bin/python -m $(TESTS) --ignore tests/test_browser.py
+	XLAKIT_SECOND_STRETCH=tests/test_notebook.py .venv-colab/bin/python -m $(TESTS) \
+	  $(addprefix --ignore ,$(ONE_COLUMN) $(addprefix tests/test_,$(addsuffix .py,compiled_adversarial \
+	  compiled_device compile_regressions explain_device graph_breaks)))
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs

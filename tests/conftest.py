@@ -39,13 +39,14 @@ def pytest_configure(config):
 
 # The Makefile's TESTS run tests/ and the notebooks on two pytest-xdist workers, dealt out in
 # the units below. tests/ is two stretches of the serial order, each one worker's from its start:
-# the files before SECOND_STRETCH, and the rest, split where a run's measured time halves (the
-# first holds the benchmark and browser tests, which run in processes of their own). Dealt out
+# the files before SECOND_STRETCH, and the rest, split where a run's measured time halves (in
+# `make test`, the first holds the benchmark and browser tests, which run in processes of their
+# own; the Makefile gives each other column, with fewer modules, its own split). Dealt out
 # module by module as workers freed up (--dist loadscope), a module met what no serial run leaves
 # it: once, in the Colab column, a tensor an earlier module left half-freed broke every later sync.
 # Each notebook is a unit of its own, its cells in order in one kernel; a worker done with its
 # stretch takes the next, so the notebooks even out what the split leaves uneven.
-SECOND_STRETCH = "tests/test_history_plot.py"
+SECOND_STRETCH = os.environ.get("XLAKIT_SECOND_STRETCH", "tests/test_graph_breaks.py")
 
 
 def unit_of(nodeid: str) -> str:
