@@ -20,7 +20,7 @@ import warnings
 import torch
 
 from ..core import transfer
-from ..core.ir import DeviceData, Node
+from ..core.ir import DeviceData, Node, operand_data
 from ..engine.values import LiveValue
 from ..lowerings import eager
 
@@ -64,7 +64,7 @@ def _collect(node: Node, seen: set, order: list) -> bool:
         return False
     seen.add(id(node))
     for operand in node.operands:
-        data = _data(operand)
+        data = operand_data(operand)
         if data is not None:
             if transfer.host_copy(data) is None:
                 return False
@@ -87,18 +87,10 @@ def _integral(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex)
 
 
-def _data(operand) -> DeviceData | None:
-    """The buffer an operand reads, if computed (an upload, or a node an earlier sync computed)."""
-    if operand.__class__ is DeviceData:
-        return operand
-    node, index = operand
-    return node.results[index] if node.results is not None else None
-
-
 def _dtype(operand) -> torch.dtype:
     return operand.aval.dtype if operand.__class__ is DeviceData else operand[0].avals[operand[1]].dtype
 
 
 def _host(operand, results: dict) -> torch.Tensor:
-    data = _data(operand)
+    data = operand_data(operand)
     return transfer.host_copy(data) if data is not None else results[id(operand[0])][operand[1]]
