@@ -5,7 +5,8 @@ PY ?= python3
 # tests/ and the notebooks (nbval) on two workers, one per core here (pytest-xdist): each worker
 # runs one stretch of tests/ in the serial order, then takes notebooks, each whole in one kernel,
 # until none is left (tests/conftest.py's units).
-TESTS := pytest -q -n 2 --durations=25 tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
+PYTEST := pytest -q -n 2 --durations=25
+TESTS := $(PYTEST) tests notebooks --nbval-lax --sanitize-with notebooks/sanitize.cfg
 # uv installs a column in seconds where pip took minutes (the two torch 2.9.0 columns share its
 # cache: one download, hard links into each venv). uv reads no pip configuration: it is handed
 # pip's find-links, where machines of this kind keep torch 2.13.0's CPU build. It compiles the
@@ -49,20 +50,22 @@ test: venv browser graphviz
 # Each column splits its two stretches where its own run's time halves (tests/conftest.py).
 ONE_COLUMN := tests/test_bench_smoke.py tests/test_browser.py
 
-# Current torch and jax, without torch_xla (its tests skip; its notebook is not this column's).
-# Its jax is .venv's: the disk cache's faults and directories, JAX's and xlakit's alone, are
-# make test's.
+# Current torch and jax, without torch_xla (its tests skip). Its jax is .venv's: the disk
+# cache's faults and directories, JAX's and xlakit's alone, are make test's. The notebooks run in
+# the two places users run them, .venv's Jupyter and Colab: here the suite tests what they call.
 test-latest: .venv-latest/.installed browser graphviz
-	XLAKIT_SECOND_STRETCH=tests/test_module_paths.py .venv-latest/bin/python -m $(TESTS) \
-	  $(addprefix --ignore ,notebooks/09_torch_xla.ipynb $(ONE_COLUMN) tests/test_faults.py tests/test_cache_dir.py)
+	XLAKIT_SECOND_STRETCH=tests/test_moe.py .venv-latest/bin/python -m $(PYTEST) tests \
+	  $(addprefix --ignore ,$(ONE_COLUMN) tests/test_faults.py tests/test_cache_dir.py)
 
-# The Colab TPU stack: the suite and the notebooks top to bottom. Its torch is .venv's: the
-# torch.compile modules, whose Dynamo frames and FX graphs are torch 2.9.0's as there and whose
-# ops lower as the lazy tests' do here, are make test's (notebooks/07 runs torch.compile here whole).
+# The Colab TPU stack: the suite and the notebooks top to bottom. Its torch is .venv's: what
+# torch alone decides is make test's: the torch.compile modules (Dynamo's frames and FX graphs;
+# their ops lower as the lazy tests' do here, and notebooks/07 runs torch.compile here whole) and
+# test_real_models' zoo (each model's ops; transformers models still train here in test_moe,
+# test_numerics, test_spmd and notebooks/01).
 test-colab: .venv-colab/.installed graphviz
 	XLAKIT_SECOND_STRETCH=tests/test_notebook.py .venv-colab/bin/python -m $(TESTS) \
 	  $(addprefix --ignore ,$(ONE_COLUMN) $(addprefix tests/test_,$(addsuffix .py,compiled_adversarial \
-	  compiled_device compile_regressions explain_device graph_breaks)))
+	  compiled_device compile_regressions explain_device graph_breaks real_models)))
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs

@@ -326,10 +326,12 @@ def train_step(model, optimizer, inputs, target, loss_fn):
     return loss
 
 
-@pytest.mark.parametrize("opt_name", OPTIMIZERS)
-@pytest.mark.parametrize("name", MODELS)
+# GPT-2 with AdamW only: SGD's momentum buffers (new at the second step) are the MLP's and the
+# CNN's case; GPT-2 with SGD took 53 s of the latest column's CI (torch 2.13) for nothing more.
+@pytest.mark.parametrize("name, opt_name", [(name, opt) for name in MODELS for opt in OPTIMIZERS
+                                             if name != "gpt2" or opt == "adamw"])
 def test_compiled_training_step_matches_eager(dev, name, opt_name):
-    """Over 20 s for GPT-2 under torch 2.13 (49 s in a clean-clone CI run): Dynamo and AOTAutograd
+    """Over 20 s for GPT-2 under torch 2.13 (49-53 s in clean-clone CI runs): Dynamo and AOTAutograd
     trace its training step's graphs."""
     # dropout in the MLP, its masks drawn again by torch's CPU generator at each replay; none in
     # the CNN, whose forward graph replays and donates BatchNorm's statistics
