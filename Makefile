@@ -59,13 +59,16 @@ test-latest: .venv-latest/.installed browser graphviz
 
 # The Colab TPU stack: the suite and the notebooks top to bottom. Its torch is .venv's: what
 # torch alone decides is make test's: the torch.compile modules (Dynamo's frames and FX graphs;
-# their ops lower as the lazy tests' do here, and notebooks/07 runs torch.compile here whole) and
+# their ops lower as the lazy tests' do here, and notebooks/07 runs torch.compile here whole),
 # test_real_models' zoo (each model's ops; transformers models still train here in test_moe,
-# test_numerics, test_spmd and notebooks/01).
+# test_numerics, test_spmd and notebooks/01), and the modules of torch's and Python's side alone:
+# views and their strides (functionalization, meta kernels), ops that run eagerly, torch's APIs,
+# source lines, the recording's guards and transformers' generate loop.
+TORCH_SIDE := views view_strides mixed_devices torch_interop sources replay generation
 test-colab: .venv-colab/.installed graphviz
-	XLAKIT_SECOND_STRETCH=tests/test_notebook.py .venv-colab/bin/python -m $(TESTS) \
+	XLAKIT_SECOND_STRETCH=tests/test_lowerings_reductions.py .venv-colab/bin/python -m $(TESTS) \
 	  $(addprefix --ignore ,$(ONE_COLUMN) $(addprefix tests/test_,$(addsuffix .py,compiled_adversarial \
-	  compiled_device compile_regressions explain_device graph_breaks real_models)))
+	  compiled_device compile_regressions explain_device graph_breaks real_models $(TORCH_SIDE))))
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs

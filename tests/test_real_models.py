@@ -600,8 +600,11 @@ MASKED = {
 }
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["all_ones", "padded"])
-@pytest.mark.parametrize("name", list(MASKED))
+# Each of transformers' two reads (GPT-2 and Llama: `fast_all`; BERT and T5: `padding_mask.all()`)
+# with each answer (all ones: the mask is skipped; padded: it is built): four of the eight pairs,
+# ~5 s each in each column of CI. Every pair passed when this was cut to four (2026-12-02).
+@pytest.mark.parametrize("name, padded", [("gpt2", True), ("llama", False), ("bert", False), ("t5", True)],
+                         ids=["gpt2-padded", "llama-all_ones", "bert-all_ones", "t5-padded"])
 def test_an_attention_mask_costs_no_execution(dev, name, padded):
     """transformers reads the mask in Python each step (masking_utils: `padding_mask.all()`,
     `fast_all(padding_mask)`; T5 once per stack): the host answers from its copy of the upload
