@@ -37,6 +37,59 @@ def test_nodes_keep_the_user_line_and_the_library_line(dev):
         f"test_sources.py:{line} -> modeling_gpt2.py:{block.source.library.line} in forward")
 
 
+class _UserActivation(torch.nn.Module):
+    """User code that a library module calls (the user's line is then inside the library's call)."""
+
+    def forward(self, x):
+        return torch.tanh(x) * 0.5
+
+
+def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
+    """capture() walks an op's stack only down to the innermost module's caller and reads the
+    rest from that call's first walk (module_paths.Entry): each op's lines must be what the
+    whole stack, read by the traceback module, gives. A library model called from two user
+    lines of one step, a user module inside it, backward and an optimizer step."""
+    import traceback
+
+    from xlakit.core.ir import Frame
+
+    model = tiny_gpt2().train()
+    model.transformer.h[0].mlp.act = _UserActivation()
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters())
+    ids = torch.tensor([[1, 2, 3]]).to(dev)
+    captured, expected = [], []
+
+    def check(source, stack):
+        user = library = None  # the rule, read off the whole stack: the innermost user line, the innermost library line below it
+        for f in reversed(stack):
+            kind = sources._kind(f.filename)
+            if kind == sources.USER:
+                user = Frame(f.filename, f.lineno, f.name)
+                break
+            if kind == sources.LIBRARY and library is None:
+                library = Frame(f.filename, f.lineno, f.name)
+        captured.append((source.user, source.library) if source is not None else (None, None))
+        expected.append((user, library))
+
+    # compiled under a "<...>" name, machinery as torch's generated code is: not the user's line itself
+    space = {"real": sources.capture, "check": check, "extract_stack": traceback.extract_stack}
+    exec(compile("def both():\n    source = real()\n    check(source, extract_stack()[:-1])\n    return source\n",
+                 "<capture check>", "exec"), space)
+    both = space["both"]
+
+    monkeypatch.setattr(sources, "capture", both)
+    for _ in range(3):  # recorded, then replayed
+        loss = model(ids, labels=ids).loss
+        loss = loss + model(ids, labels=ids).loss  # the same modules from another line
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        xlakit.mark_step()
+    assert len(captured) > 300 and any(user is not None and user.function == "forward" for user, _ in captured)
+    assert captured == expected
+
+
 def test_code_of_the_user_has_no_library_line(dev):
     linear = torch.nn.Linear(3, 2).to(dev)
     y = linear(torch.ones(3).to(dev))

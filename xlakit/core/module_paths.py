@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import sys
 import threading
 import weakref
 
@@ -25,9 +26,22 @@ from .state import PROCESS
 OPTIMIZER, BACKWARD = "optimizer", "backward"
 
 
+class Entry:
+    """A module (or optimizer step) being called: its path, and the frame that called it.
+    While it runs, every frame above `frame` waits at the same line, so sources.capture
+    walks an op's stack only down to it and reads the rest from `above`, which it fills
+    once per call (a transformers op sits ~14 frames below the user's line)."""
+
+    __slots__ = ("owner", "path", "frame", "parent", "above")
+
+    def __init__(self, owner, path: str, frame, parent: Entry | None):
+        self.owner, self.path, self.frame, self.parent = owner, path, frame, parent
+        self.above = None  # sources.capture's: (user frame, library frame) above `frame`
+
+
 class _Stack(threading.local):
     def __init__(self):
-        self.entries: list[tuple[object, str]] = []  # (module or optimizer, path), outermost first
+        self.entries: list[Entry] = []  # outermost first
 
 
 _STACK = _Stack()
@@ -47,12 +61,23 @@ _autograd_node = torch._C._current_autograd_node  # bound once: current() runs f
 
 def current() -> str:
     """The path of the code recording an op now."""
-    node = _autograd_node()
     entries = _STACK.entries
+    return path_of(_autograd_node(), entries[-1] if entries else None)
+
+
+def innermost() -> Entry | None:
+    """The module or optimizer step being called now, innermost."""
+    entries = _STACK.entries
+    return entries[-1] if entries else None
+
+
+def path_of(node, entry: Entry | None) -> str:
+    """The path of an op recorded under autograd node `node` (None: not in a backward pass)
+    with `entry` innermost."""
     if node is None:
-        return entries[-1][1] if entries else ""
+        return entry.path if entry is not None else ""
     # a backward pass; a module running inside it is a checkpoint's recomputation
-    path = entries[-1][1] if entries else _forward_path(node._sequence_nr())
+    path = entry.path if entry is not None else _forward_path(node._sequence_nr())
     return f"{BACKWARD}.{path}" if path else BACKWARD
 
 
@@ -106,25 +131,27 @@ def _name(root, module: torch.nn.Module, parent: str) -> str:
     return names[module]
 
 
-def _enter(owner, path: str) -> None:
-    _STACK.entries.append((owner, path))
+def _enter(owner, path: str, frame) -> None:
+    entries = _STACK.entries
+    entries.append(Entry(owner, path, frame, entries[-1] if entries else None))
     _mark(path)
 
 
 def _leave(owner) -> None:
     entries = _STACK.entries
     for at in range(len(entries) - 1, -1, -1):
-        if entries[at][0] is owner:
+        if entries[at].owner is owner:
             del entries[at:]  # and whatever an exception left above it
-            _mark(entries[-1][1] if entries else "")
+            _mark(entries[-1].path if entries else "")
             return
 
 
-def module_entered(module, args) -> None:
+def module_entered(module, args, frame) -> None:
+    """`module` is called from `frame` (its forward pre-hook's caller)."""
     if torch.compiler.is_compiling():
         return
     entries = _STACK.entries
-    _enter(module, _name(entries[0][0], module, entries[-1][1]) if entries else "")
+    _enter(module, _name(entries[0].owner, module, entries[-1].path) if entries else "", frame)
 
 
 def module_left(module, args, output) -> None:
@@ -135,7 +162,7 @@ def module_left(module, args, output) -> None:
 def _optimizer_stepping(optimizer, args, kwargs) -> None:
     # under torch.compile the FX nodes' module stacks name the ops
     if not torch.compiler.is_compiling():
-        _enter(optimizer, OPTIMIZER)
+        _enter(optimizer, OPTIMIZER, sys._getframe(1))
 
 
 def _optimizer_stepped(optimizer, args, kwargs) -> None:
@@ -146,7 +173,7 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
 def forget_optimizer_steps() -> None:
     """At a step marker, no optimizer step is running: drop one a raising step left."""
     entries = _STACK.entries
-    entries[:] = [e for e in entries if not isinstance(e[0], torch.optim.Optimizer)]
+    entries[:] = [e for e in entries if not isinstance(e.owner, torch.optim.Optimizer)]
 
 
 def install() -> None:

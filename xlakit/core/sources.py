@@ -93,14 +93,6 @@ def _frame(code, line: int) -> Frame:
     return frame
 
 
-def _source(user: Frame | None, library: Frame | None, module: str, forward: Source | None) -> Source:
-    key = (id(user), id(library), module, id(forward))  # interned frames and sources: identity is equality
-    source = _SOURCES.get(key)
-    if source is None:
-        source = _SOURCES[key] = Source(user, library, module, forward)
-    return source
-
-
 # The Source of the forward op each autograd node was made for, by the node's sequence number: a
 # backward op names the forward line whose gradient it computes. An op is recorded below autograd,
 # after its node took the number before the current one; an op that made no node (no grad) finds
@@ -116,28 +108,47 @@ def capture() -> Source | None:
     (for a backward op, also the forward op's Source)."""
     if _RECORDED_AT.source is not None:
         return _RECORDED_AT.source
-    module = module_paths.current()
     node = _autograd_node()
+    entry = module_paths.innermost()
+    module = module_paths.path_of(node, entry)
     forward = None if node is None else _FORWARD.get(node._sequence_nr())
-    frame = sys._getframe(1)
-    library = user = None
-    while frame is not None:
-        code = frame.f_code
-        kind = _kind(code.co_filename)
-        if kind == USER:
-            user = _frame(code, frame.f_lineno)
-            break
-        if kind == LIBRARY and library is None:
-            library = _frame(code, frame.f_lineno)
-        frame = frame.f_back
+    user, library = _walk(sys._getframe(1), entry)
     if user is None and library is None and not module:
         return None
-    source = _source(user, library, module, forward)
+    key = (id(user), id(library), module, id(forward))  # interned frames and sources: identity is equality
+    source = _SOURCES.get(key)
+    if source is None:
+        source = _SOURCES[key] = Source(user, library, module, forward)
     if node is None and torch.is_grad_enabled():
         number = _sequence_nr() - 1
         if number not in _FORWARD:
             _FORWARD[number] = source
     return source
+
+
+def _walk(frame, entry: module_paths.Entry | None) -> tuple[Frame | None, Frame | None]:
+    """(innermost user frame, innermost library frame below it) from `frame` outwards; from
+    `entry`'s frame on, what its first walk found (module_paths.Entry: those frames wait at
+    the same lines while it runs). This runs for every recorded op: its lookups are inlined."""
+    stop = entry.frame if entry is not None else None
+    library = None
+    while frame is not None:
+        if frame is stop:
+            above = entry.above
+            if above is None:
+                above = entry.above = _walk(frame.f_back, entry.parent)
+            return above[0], library or above[1]
+        code = frame.f_code
+        filename = code.co_filename
+        kind = _KIND.get(filename)
+        if kind is None:
+            kind = _kind(filename)
+        if kind == USER:
+            return _frame(code, frame.f_lineno), library
+        if kind == LIBRARY and library is None:
+            library = _frame(code, frame.f_lineno)
+        frame = frame.f_back
+    return None, library
 
 
 def user_line() -> str | None:

@@ -58,7 +58,7 @@ def _on_call(module: torch.nn.Module, args) -> None:
         return
     if module not in _SEEN:
         _name_tensors(module)
-    module_paths.module_entered(module, args)
+    module_paths.module_entered(module, args, sys._getframe(1))  # the frame that called the module
     autocast.warn_other_device_type(module, args)
 
 
