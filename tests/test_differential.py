@@ -131,6 +131,70 @@ def test_inplace_pointwise_errors_match_eager(dev, device):
     assert_same(host(got), want)
 
 
+# xlakit's own Functionalize kernels (front/functionalization.py: _functionalized_inplace), each with
+# what eager's in-place rules decide: broadcasting, casts, Python numbers, views and layouts
+_OWN_INPLACE = {
+    "add_": lambda x, y: x.add_(y, alpha=2), "sub_": lambda x, y: x.sub_(y), "mul_": lambda x, y: x.mul_(y),
+    "div_": lambda x, y: x.div_(y), "lerp_": lambda x, y: x.lerp_(y, 0.25),
+    "addcmul_": lambda x, y: x.addcmul_(y, y, value=0.5), "addcdiv_": lambda x, y: x.addcdiv_(y, y + 3, value=-0.5),
+}
+_INPLACE_CASES = {
+    "same_shape": lambda: (torch.arange(6.0).view(2, 3), torch.linspace(-1, 1, 6).view(2, 3)),
+    "broadcast_other": lambda: (torch.arange(6.0).view(2, 3), torch.tensor([0.5, -1.0, 2.0])),
+    "wider_other": lambda: (torch.arange(3.0), torch.ones(2, 3)),
+    "python_float": lambda: (torch.arange(6.0).view(2, 3), 0.75),
+    "int_self_float_other": lambda: (torch.arange(6).view(2, 3), torch.full((2, 3), 1.5)),
+    "int_self_python_float": lambda: (torch.arange(6).view(2, 3), 1.5),
+    "bool_self_int_other": lambda: (torch.tensor([True, False]), torch.tensor([1, 2])),
+    "half_self_float_other": lambda: (torch.arange(6.0, dtype=torch.float16).view(2, 3), torch.full((2, 3), 0.1)),
+    "transposed_self": lambda: (torch.arange(6.0).view(3, 2).t(), torch.linspace(-1, 1, 6).view(2, 3)),
+    "row_of_self": lambda: (torch.arange(6.0).view(2, 3)[1], torch.tensor([2.0, 3.0, 4.0])),
+}
+
+
+@pytest.mark.parametrize("case", _INPLACE_CASES)
+@pytest.mark.parametrize("write", _OWN_INPLACE)
+def test_own_inplace_kernels_match_eager(dev, write, case):
+    """Each: eager's value, dtype, shape and strides (of the result and, for a view, its base), or an
+    error where eager raises one, with nothing changed."""
+    def run(device):
+        base, other = _INPLACE_CASES[case]()
+        full = base._base if base._base is not None else base
+        full = full.to(device)
+        self = full if base._base is None else full.as_strided(base.shape, base.stride(), base.storage_offset())
+        other = other.to(device) if isinstance(other, torch.Tensor) else other
+        try:
+            out = _OWN_INPLACE[write](self, other)
+        except (RuntimeError, TypeError) as e:
+            return type(e), full.cpu()
+        assert out is self
+        return (out.cpu(), out.stride()), full.cpu()
+
+    (want, want_base), (got, got_base) = run("cpu"), run(dev)
+    if isinstance(want, type):  # (xlakit's words are its meta kernels', at times not eager's)
+        assert got is want
+    else:
+        assert got[1] == want[1]  # strides
+        assert_same(got[0], want[0])
+    assert_same(got_base, want_base)
+
+
+def test_the_first_write_of_a_tensor_an_op_made_is_undone_by_a_failed_step(dev):
+    """A tensor made by an op is a user's from its first in-place write (tensor.own_at_write), by
+    each of xlakit's own kernels as by torch's: a failed step gives its value back, as eager keeps it."""
+    made = [torch.ones(2, 3, device=dev) * 2 for _ in _OWN_INPLACE]
+    xlakit.mark_step()
+    before = [t.cpu() for t in made]
+    bad = torch.ones(2, 3, device=dev).index_select(0, torch.tensor([0, 7]).to(dev))
+    for t, write in zip(made, _OWN_INPLACE.values()):
+        write(t, bad)
+    with pytest.raises(IndexError, match="index_select"):
+        xlakit.mark_step()
+        xlakit.wait()
+    for t, want in zip(made, before):
+        assert_same(t, want)
+
+
 def test_compiled_cpu_inplace_ops_still_match_eager():
     # torch.compile's own functionalization reaches the same kernels
     def fn(p, g):

@@ -103,46 +103,65 @@ def _lift_fresh_functionalize(t):
 _SKIP_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
 
 
-def _functionalized_inplace(inplace, functional):
-    """PyTorch's functionalization of an in-place op, without its first step:
-    running the in-place op on meta copies to catch shape errors. For these
-    ops that check is a Python meta kernel costing 70-350 µs a call (measured:
-    addcdiv_ 365 µs against 27 µs for mul_, whose meta kernel is C++), most of
-    an optimizer step's tracing. The functional op's output already says what
-    the check would: its shape must be self's and its dtype castable to self's.
-    The rest mirrors PyTorch's generated kernel, for every device."""
-    def kernel(self, *args, **kwargs):
-        def unwrapped(a):
-            if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
-                torch._sync(a)
-                return torch._from_functional_tensor(a)
-            return a
+def _write_functionally(functional, self, args, kwargs):
+    """PyTorch's generated Functionalize kernel of an in-place op, without its first step:
+    running the in-place op on meta copies to catch shape errors. That check is a Python
+    meta kernel (addcdiv_ 365 µs a call, measured; mul_'s and add_'s half of a replayed
+    in-place op's 31 µs here), most of an optimizer step's tracing. The functional op's
+    output already says what the check would: its shape must be self's and its dtype
+    castable to self's."""
+    inner_args = [_inner(a) for a in args]
+    inner_kwargs = {k: _inner(v) for k, v in kwargs.items()}
+    with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+        out = functional(_inner(self), *inner_args, **inner_kwargs)
+    if out.shape != self.shape:
+        raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
+                           f"{list(out.shape)}")
+    if not torch.can_cast(out.dtype, self.dtype):
+        raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
+    before = torch._from_functional_tensor(self)
+    torch._functionalize_replace(self, out)
+    torch._functionalize_commit_update(self)
+    torch._functionalize_sync(self)
+    if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
+        torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
+    return self
 
-        inner_args = [unwrapped(a) for a in args]
-        inner_kwargs = {k: unwrapped(v) for k, v in kwargs.items()}
+
+def _functionalized_inplace(inplace, functional):
+    """The Functionalize kernel of `inplace` for every device: _write_functionally, after the
+    writes _checked_writes guards (a host self, a first write, overlapping elements)."""
+    def kernel(self, *args, **kwargs):
         if not torch._is_functional_tensor(self):
             if _reads_lazy((*args, *kwargs.values())):
                 raise _host_written(inplace, self)
             with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
                 return inplace(self, *args, **kwargs)
+        if self._cdata not in owned_impls:
+            own_at_write(self)
+        if _plainly_laid_out(self):
+            return _write_functionally(functional, self, args, kwargs)
         result = _write_overlapping(inplace, (self, *args), kwargs)
         if result is not None:
             return result
-        with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
-            out = functional(unwrapped(self), *inner_args, **inner_kwargs)
-        if out.shape != self.shape:
-            raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
-                               f"{list(out.shape)}")
-        if not torch.can_cast(out.dtype, self.dtype):
-            raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
-        before = torch._from_functional_tensor(self)
-        torch._functionalize_replace(self, out)
-        torch._functionalize_commit_update(self)
-        torch._sync(self)
-        if before.device.type == "xla":  # torch_xla aliases an in-place update's buffers by this
-            torch.ops.aten._propagate_xla_data(before, torch._from_functional_tensor(self))
-        return self
+        return _keeping_layout(self, lambda: _write_functionally(functional, self, args, kwargs))
     return kernel
+
+
+def _inner(a):
+    """What a functional wrapper holds, brought up to date; anything else as it is. Not
+    torch._sync: a Python wrapper of the C call that costs each argument ~1 µs (a wrapper here
+    is never a Python FunctionalTensor, which _is_functional_tensor does not count)."""
+    if isinstance(a, torch.Tensor) and torch._is_functional_tensor(a):
+        torch._functionalize_sync(a)
+        return torch._from_functional_tensor(a)
+    return a
+
+
+def _plainly_laid_out(self: torch.Tensor) -> bool:
+    """A contiguous tensor has no two elements in one place, and is a view through torch's
+    unfold only of a base whose memory is not row-major: no write to it needs _write_overlapping."""
+    return self.is_contiguous() and (self._base is None or self._base.is_contiguous())
 
 
 # -- writes that eager torch checks and functionalization does not ----------------------
@@ -298,9 +317,11 @@ def _zeros_like_on_host(v):
     return v
 
 
-def _checked_writes(op, original):
+def _checked_writes(op, original, functional=None):
     """PyTorch's Functionalize kernel of `op`, unless it writes a host tensor from a lazy one or a
-    lazy tensor whose elements share memory (see above)."""
+    lazy tensor whose elements share memory (see above). `functional`: op's functional twin, by
+    which _write_functionally writes a plainly laid out lazy tensor (not a fake one, which
+    torch.compile traces under modes that torch's own kernel meets)."""
     arguments = op._schema.arguments
     written = tuple((i, a.name) for i, a in enumerate(arguments) if a.alias_info is not None and a.alias_info.is_write)
     read = tuple((i, a.name) for i, a in enumerate(arguments) if not (a.alias_info and a.alias_info.is_write))
@@ -328,21 +349,24 @@ def _checked_writes(op, original):
         else:
             if self._cdata not in owned_impls:
                 own_at_write(self)
-            if not self.is_contiguous() or (self._base is not None and not self._base.is_contiguous()):
-                # a contiguous tensor has no two elements in one place, and is a view through
-                # torch's unfold only of a base whose memory is not row-major
+            if not _plainly_laid_out(self):
                 result = _write_overlapping(op, args, kwargs)
                 if result is not None:
                     return result
-                return _keeping_layout(self, lambda: original.call_boxed(keyset, *_numbers(args), **kwargs))
-        return original.call_boxed(keyset, *_numbers(args), **kwargs)
-
-    def _numbers(args):
-        for i in tensor_positions:
-            if i < len(args) and not isinstance(args[i], torch.Tensor):
-                return _numbers_as_tensors(args, tensor_positions)
-        return args
+                return _keeping_layout(self, lambda: original.call_boxed(keyset, *_numbers(args, tensor_positions),
+                                                                         **kwargs))
+            if functional is not None and isinstance(torch._from_functional_tensor(self), LazyTensor):
+                return _write_functionally(functional, self, _numbers(args, tensor_positions)[1:], kwargs)
+        return original.call_boxed(keyset, *_numbers(args, tensor_positions), **kwargs)
     return kernel
+
+
+def _numbers(args, positions):
+    """args, with a Python number at a Tensor's position as _numbers_as_tensors makes it."""
+    for i in positions:
+        if i < len(args) and not isinstance(args[i], torch.Tensor):
+            return _numbers_as_tensors(args, positions)
+    return args
 
 
 def _keeping_layout(self: torch.Tensor, write):
@@ -481,6 +505,9 @@ def register_kernels() -> None:
     functionalize = torch.library.Library("aten", "IMPL", "Functionalize")
     own = ((aten.addcmul_.default, aten.addcmul.default), (aten.addcdiv_.default, aten.addcdiv.default),
            (aten.lerp_.Scalar, aten.lerp.Scalar), (aten.lerp_.Tensor, aten.lerp.Tensor))
+    # an optimizer's most frequent writes: on a lazy tensor, written as `own`'s are
+    written_functionally = {getattr(aten, f"{name}_").Tensor: getattr(aten, name).Tensor
+                            for name in ("add", "sub", "mul", "div")}
     with warnings.catch_warnings():  # it says it overrides torch's kernel: that is the point
         warnings.simplefilter("ignore")
         functionalize.impl("lift_fresh", _lift_fresh_functionalize)
@@ -493,7 +520,8 @@ def register_kernels() -> None:
             functionalize.impl(inplace, _functionalized_inplace(inplace, functional))
         for name in _writing_ops({inplace._schema.name for inplace, _ in own}):
             op = torch._library.utils.lookup_op(name)
-            functionalize.impl(op, _checked_writes(op, torch.library.get_kernel(op, "Functionalize")), with_keyset=True)
+            functionalize.impl(op, _checked_writes(op, torch.library.get_kernel(op, "Functionalize"),
+                                                   written_functionally.get(op)), with_keyset=True)
     autograd = torch.library.Library("aten", "IMPL", "AutogradLazy")
     autograd.impl("one_hot", _one_hot)  # an integer result: nothing for autograd to record
     autograd.impl("_pack_padded_sequence", _pack_padded_sequence)

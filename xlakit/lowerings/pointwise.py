@@ -143,7 +143,19 @@ def add(self, other, *, alpha=1):
     return self + other
 
 
-@lowers("aten::sub", promote=True, lift_scalars=True, checked_scalars=("alpha",))
+def _refusing_bools(subtract):
+    """sub's and rsub's shape rule: their meta kernels refuse two bool operands, eager any one
+    (`tensor([True]) - tensor([1])`): eager's own error, asked of empty CPU tensors of the
+    operands' dtypes, then the meta kernel."""
+    def meta(self, other, *, alpha=1):
+        if any(x.dtype == torch.bool if isinstance(x, torch.Tensor) else type(x) is bool for x in (self, other)):
+            subtract(*(torch.empty(0, dtype=x.dtype) if isinstance(x, torch.Tensor) else x for x in (self, other)),
+                     alpha=alpha)
+        return subtract(self, other, alpha=alpha)
+    return meta
+
+
+@lowers("aten::sub", promote=True, lift_scalars=True, checked_scalars=("alpha",), meta=_refusing_bools(torch.sub))
 def sub(self, other, *, alpha=1):
     other = as_dtype(other, self.dtype)
     if not (isinstance(alpha, NUMBER) and alpha == 1):
@@ -152,7 +164,7 @@ def sub(self, other, *, alpha=1):
     return self - other
 
 
-@lowers("aten::rsub", promote=True, lift_scalars=True, checked_scalars=("alpha",))
+@lowers("aten::rsub", promote=True, lift_scalars=True, checked_scalars=("alpha",), meta=_refusing_bools(torch.rsub))
 def rsub(self, other, alpha=1):
     return sub(as_dtype(other, self.dtype), self, alpha=alpha)
 
