@@ -74,7 +74,7 @@ def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
 
     # compiled under a "<...>" name, machinery as torch's generated code is: not the user's line itself
     space = {"real": sources.capture, "check": check, "extract_stack": traceback.extract_stack}
-    exec(compile("def both():\n    source = real()\n    check(source, extract_stack()[:-1])\n    return source\n",
+    exec(compile("def both(skip=1):\n    source = real(skip + 1)\n    check(source, extract_stack()[:-1])\n    return source\n",
                  "<capture check>", "exec"), space)
     both = space["both"]
 

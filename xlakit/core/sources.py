@@ -103,22 +103,38 @@ _autograd_node = torch._C._current_autograd_node
 _sequence_nr = torch.autograd._get_sequence_nr
 
 
-def capture() -> Source | None:
+class _LastSource(threading.local):
+    # (user, library, module, forward, Source) of the last capture: an op's neighbours mostly share its lines
+    last: tuple = (None, None, None, None, None)
+
+
+_LAST = _LastSource()
+
+
+def capture(skip: int = 1) -> Source | None:
     """The innermost user line, the innermost library line below it, and the module path
-    (for a backward op, also the forward op's Source)."""
+    (for a backward op, also the forward op's Source). `skip`: how many frames up from here
+    the walk starts (the recorder's own frames need no asking)."""
     if _RECORDED_AT.source is not None:
         return _RECORDED_AT.source
     node = _autograd_node()
     entry = module_paths.innermost()
-    module = module_paths.path_of(node, entry)
-    forward = None if node is None else _FORWARD.get(node._sequence_nr())
-    user, library = _walk(sys._getframe(1), entry)
-    if user is None and library is None and not module:
-        return None
-    key = (id(user), id(library), module, id(forward))  # interned frames and sources: identity is equality
-    source = _SOURCES.get(key)
-    if source is None:
-        source = _SOURCES[key] = Source(user, library, module, forward)
+    if node is None:
+        module, forward = entry.path if entry is not None else "", None
+    else:
+        module, forward = module_paths.path_of(node, entry), _FORWARD.get(node._sequence_nr())
+    user, library = _walk(sys._getframe(skip), entry)
+    last = _LAST.last
+    if user is last[0] and library is last[1] and module == last[2] and forward is last[3]:
+        source = last[4]
+    else:
+        if user is None and library is None and not module:
+            return None
+        key = (id(user), id(library), module, id(forward))  # interned frames and sources: identity is equality
+        source = _SOURCES.get(key)
+        if source is None:
+            source = _SOURCES[key] = Source(user, library, module, forward)
+        _LAST.last = (user, library, module, forward, source)
     if node is None and torch.is_grad_enabled():
         number = _sequence_nr() - 1
         if number not in _FORWARD:

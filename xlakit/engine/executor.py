@@ -62,6 +62,12 @@ class Engine:
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
         self._tape = tape.Tape(self._tensors)
+        # The recorder's two calls for each replayed op, bound to the tape (a call less each):
+        # expected_op(op): what the run this one follows recorded at this place, if it was `op`;
+        # replayed(expected, args, kwargs, source): the node of `expected`'s recording on these
+        # arguments (recorded at `source`), if they match it; else None.
+        self.expected_op = self._tape.expected
+        self.replayed = self._tape.replay
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
         self.profiling: profiling.Profiling | None = None
 
@@ -126,15 +132,6 @@ class Engine:
         return self._ledger.latest.get(owner)
 
     # -- the recording: ops matched against the run that followed the same sync before (tape.py) --
-    def expected_op(self, op) -> tape.Expected | None:
-        """What the run this one follows recorded at this place, if it was `op`."""
-        return self._tape.expected(op)
-
-    def replayed(self, expected: tape.Expected, args, kwargs, source) -> Node | None:
-        """The node of `expected`'s recording on these arguments (recorded at `source`), if they
-        match it; else None."""
-        return self._tape.replay(expected, args, kwargs, source)
-
     def recorded(self, node: Node, **fresh) -> None:
         """`node` was recorded fresh (`fresh`: what the next run matches)."""
         self._tape.add(node, **fresh)

@@ -130,6 +130,11 @@ def _write_out(functional, args, kwargs):
     return out
 
 
+# The frames the walk for an op's source line skips: _record's, its caller's and that one's, each
+# xlakit's (dispatch and __torch_dispatch__, or a handler here, or functionalization's kernels)
+_OWN_FRAMES = 3
+
+
 def _record(func, args, kwargs, info=None):
     """Add one node for `func` to the IR (or run it eagerly when it can't be); `info`: its op_info."""
     info = info or op_info(func)
@@ -146,7 +151,7 @@ def _record(func, args, kwargs, info=None):
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
         if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
             scalar_checks.check(func, info, args, kwargs, expected.avals[0])
-        node = engine.replayed(expected, args, kwargs, sources.capture())
+        node = engine.replayed(expected, args, kwargs, sources.capture(_OWN_FRAMES))
         if node is not None:
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
@@ -170,7 +175,7 @@ def _record(func, args, kwargs, info=None):
         return run_eagerly(func, args, kwargs, reason=info.eager_reason)
     if id(func) in verdicts.FAILED:
         return run_eagerly(func, args, kwargs, reason="its XLA lowering failed")
-    source = sources.capture()
+    source = sources.capture(_OWN_FRAMES)
     operands = tuple(_operand(t, func, source, tensors) for t in tensors)
     node = Node(func, operands, template, avals, source, node_signature)
     # a view's storage offset is its input's plus what the view adds (the meta input had none)
@@ -184,8 +189,9 @@ def _record(func, args, kwargs, info=None):
 
 
 def _new_outputs(node, info, args, avals, layouts) -> list:
-    if torch.is_inference_mode_enabled() and (info.view is not None or node.op.is_view) \
-            and not args[0].is_inference():
+    if not torch.is_inference_mode_enabled():
+        return _outputs(node, avals, layouts)
+    if (info.view is not None or node.op.is_view) and not args[0].is_inference():
         # In inference mode a view of a normal tensor is a normal tensor (eager
         # torch). Functionalization gives the view's wrapper the inner value's
         # inference-ness, then the base's version counter, which torch refuses
@@ -200,7 +206,7 @@ def _new_outputs(node, info, args, avals, layouts) -> list:
 
 def _outputs(node, avals, layouts):
     if len(avals) == 1:  # most ops: no generator and zip per op
-        return [None if avals[0] is None else new_tensor(avals[0], node, 0, layout=layouts[0])]
+        return [None if avals[0] is None else new_tensor(avals[0], node, 0, None, layouts[0])]
     return [None if aval is None else new_tensor(aval, node, i, layout=layout)
             for i, (aval, layout) in enumerate(zip(avals, layouts))]
 

@@ -24,6 +24,7 @@ from ..engine.values import LiveValue
 from . import host_reads
 
 DEVICE = torch.device("lazy", 0)
+_clock = time.perf_counter
 
 
 # (strides, storage offset) of a tensor, as eager torch would give it
@@ -48,19 +49,7 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, state: LiveValue, layout: Layout | None = None):
-        # A functional wrapper takes its inner tensor's strides and storage offset (a view's
-        # wrapper, those of its view op on meta), and contiguous(), reshape() and view()
-        # decide by them whether to copy: they must be eager's (a transposed view that said
-        # it was contiguous was returned by contiguous() itself, and writes to the "copy"
-        # changed its base).
-        if layout is None:
-            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, dtype=state.aval.dtype, device=DEVICE)
-        else:
-            t = torch.Tensor._make_wrapper_subclass(cls, state.aval.shape, strides=layout[0],
-                                                    storage_offset=layout[1], dtype=state.aval.dtype,
-                                                    device=DEVICE)
-        current().register(t, state)
-        return t
+        return _made(state, layout)
 
     @property
     def _state(self) -> LiveValue:
@@ -70,11 +59,11 @@ class LazyTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        start = time.perf_counter()
+        start = _clock()
         try:
             return _dispatch(func, args, kwargs or {})  # the frontend's (installed on its import)
         finally:
-            current().add_trace_time(time.perf_counter() - start)
+            current().add_trace_time(_clock() - start)
 
     def __repr__(self) -> str:
         return f"LazyTensor({self._state})"
@@ -85,7 +74,26 @@ tape.set_tensor_class(LazyTensor)
 
 def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
                data: DeviceData | None = None, layout: Layout | None = None) -> LazyTensor:
-    return LazyTensor(LiveValue(aval, node, index, data), layout)
+    return _made(LiveValue(aval, node, index, data), layout)  # not LazyTensor(...): a type call less an op
+
+
+_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _made(state: LiveValue, layout: Layout | None) -> LazyTensor:
+    # A functional wrapper takes its inner tensor's strides and storage offset (a view's
+    # wrapper, those of its view op on meta), and contiguous(), reshape() and view()
+    # decide by them whether to copy: they must be eager's (a transposed view that said
+    # it was contiguous was returned by contiguous() itself, and writes to the "copy"
+    # changed its base).
+    aval = state.aval
+    if layout is None:
+        t = _wrapper(LazyTensor, aval.shape, dtype=aval.dtype, device=DEVICE)
+    else:
+        t = _wrapper(LazyTensor, aval.shape, strides=layout[0], storage_offset=layout[1], dtype=aval.dtype,
+                     device=DEVICE)
+    current().register(t, state)
+    return t
 
 
 # -- wrapping -----------------------------------------------------------------
