@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import xlakit
-from xlakit.core import sources
+from xlakit.core import module_paths, sources
 from xlakit.lowerings import eager
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -46,9 +46,10 @@ class _UserActivation(torch.nn.Module):
 
 def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
     """capture() walks an op's stack only down to the innermost module's caller and reads the
-    rest from that call's first walk (module_paths.Entry): each op's lines must be what the
-    whole stack, read by the traceback module, gives. A library model called from two user
-    lines of one step, a user module inside it, backward and an optimizer step."""
+    rest from that call's first walk (module_paths.Entry), and reuses the last op's Source where
+    its lines and module are the same: each op's lines must be what the whole stack, read by the
+    traceback module, gives, and its module path module_paths.current()'s. A library model called
+    from two user lines of one step, a user module inside it, backward and an optimizer step."""
     import traceback
 
     from xlakit.core.ir import Frame
@@ -69,8 +70,8 @@ def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
                 break
             if kind == sources.LIBRARY and library is None:
                 library = Frame(f.filename, f.lineno, f.name)
-        captured.append((source.user, source.library) if source is not None else (None, None))
-        expected.append((user, library))
+        captured.append((source.user, source.library, source.module) if source is not None else (None, None, ""))
+        expected.append((user, library, module_paths.current()))
 
     # compiled under a "<...>" name, machinery as torch's generated code is: not the user's line itself
     space = {"real": sources.capture, "check": check, "extract_stack": traceback.extract_stack}
@@ -86,7 +87,7 @@ def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
         opt.step()
         opt.zero_grad()
         xlakit.mark_step()
-    assert len(captured) > 300 and any(user is not None and user.function == "forward" for user, _ in captured)
+    assert len(captured) > 300 and any(user is not None and user.function == "forward" for user, _, _ in captured)
     assert captured == expected
 
 
