@@ -47,16 +47,16 @@ class _Handler(logging.Handler):
 
 # Dynamo's logs of each traced instruction, source line and call: a record per bytecode, formatted
 # with the value stack, which made the tests that capture the log spend ~5% of their time logging;
-# and its side-effect summaries, each with the Python stack above it (torch 2.13: 45 s of the 62 s
-# GPT-2 training step test)
-_TRACE_LOGS = [*(f"torch._dynamo.symbolic_convert.__{name}" for name in ("trace_bytecode", "trace_source", "trace_call")),
+# and its side-effect summaries, each with the Python stack above it (torch 2.13: the GPT-2
+# training step test took 62.5 s alone with them, 27.7 s without)
+_NOISY_LOGS = [*(f"torch._dynamo.symbolic_convert.__{name}" for name in ("trace_bytecode", "trace_source", "trace_call")),
                "torch._dynamo.side_effects.__side_effects"]
 
 
 @contextlib.contextmanager
 def dynamo_log():
     """Dynamo's log at DEBUG (its per-instruction trace logs left out), captured instead of printed."""
-    logger, traces = logging.getLogger("torch._dynamo"), [logging.getLogger(name) for name in _TRACE_LOGS]
+    logger, traces = logging.getLogger("torch._dynamo"), [logging.getLogger(name) for name in _NOISY_LOGS]
     log = DynamoLog()
     levels, handlers = [lg.level for lg in [logger, *traces]], logger.handlers[:]
     logger.handlers = [_Handler(log)]
@@ -334,7 +334,7 @@ def train_step(model, optimizer, inputs, target, loss_fn):
 @pytest.mark.parametrize("name, opt_name", [(name, opt) for name in MODELS for opt in OPTIMIZERS
                                              if name != "gpt2" or opt == "adamw"])
 def test_compiled_training_step_matches_eager(dev, name, opt_name):
-    """Over 20 s for GPT-2 under torch 2.13 (27.7 s alone here, 62.5 s before _TRACE_LOGS held Dynamo's
+    """Over 20 s for GPT-2 under torch 2.13 (27.7 s alone here, 62.5 s before _NOISY_LOGS held Dynamo's
     side-effect summaries back): Dynamo and AOTAutograd trace its training step's graphs."""
     # dropout in the MLP, its masks drawn again by torch's CPU generator at each replay; none in
     # the CNN, whose forward graph replays and donates BatchNorm's statistics
