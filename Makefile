@@ -78,8 +78,9 @@ dist: venv
 	rm -rf dist xlakit.egg-info
 	.venv/bin/python -m build --outdir dist .
 
-# Builds the wheel as `make dist` does, installs it in a fresh venv with requirements-latest.txt's
-# runtime pins and runs notebooks/01_quickstart.ipynb there (minutes: CI runs it once, not per column).
+# Builds the wheel as `make dist` does, installs it with pip in a fresh venv that uv filled with
+# requirements-latest.txt's runtime pins (UV_FIND_LINKS, above), and runs notebooks/01_quickstart.ipynb
+# there (about a minute: CI runs it once, not per column).
 test-wheel: venv
 	XLAKIT_TEST_WHEEL=1 .venv/bin/python -m pytest -q tests/test_wheel.py
 
