@@ -68,7 +68,7 @@ TORCH_SIDE := views view_strides mixed_devices torch_interop sources replay gene
 test-colab: .venv-colab/.installed graphviz
 	XLAKIT_SECOND_STRETCH=tests/test_lowerings_reductions.py .venv-colab/bin/python -m $(TESTS) \
 	  $(addprefix --ignore ,$(ONE_COLUMN) $(addprefix tests/test_,$(addsuffix .py,compiled_adversarial \
-	  compiled_device compile_regressions explain_device graph_breaks real_models $(TORCH_SIDE))))
+	  compiled_device compile_regressions explain_device graph_breaks moe_compiled real_models $(TORCH_SIDE))))
 
 # The sdist and the wheel, into dist/, through the standard build front end; the wheel is built
 # from the sdist, so a file missing from either is missing from both (tests/test_wheel.py installs
