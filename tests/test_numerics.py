@@ -22,9 +22,10 @@ def nans(monkeypatch):
     monkeypatch.setattr(xlakit.config, "check_nans", True)
 
 
-def llama(dev, seed=0):
+def llama(dev, seed=0, layers=1):
+    """A tiny transformers Llama; `layers=2` where a test tells one layer's module from its twin's."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
     model = transformers.LlamaForCausalLM(cfg).to(dev)
     ids = torch.randint(0, 64, (2, 8)).to(dev)
@@ -69,7 +70,7 @@ def plant_sqrt(mlp):
 
 
 def test_a_nan_made_in_forward_names_its_op_module_and_line(dev, nans):
-    model, opt, batch = llama(dev)
+    model, opt, batch = llama(dev, layers=2)
     line = plant_log(model.model.layers[1].mlp)
     with pytest.raises(FloatingPointError) as raised:
         train(model, opt, batch)
@@ -86,7 +87,6 @@ def test_a_nan_made_in_forward_names_its_op_module_and_line(dev, nans):
 
 
 def test_a_nonfinite_value_made_in_backward_names_the_backward_module(dev, nans):
-    """Over 20 s on two busy cores: a Llama training step compiled with its NaN check, then searched."""
     model, opt, batch = llama(dev)
     line = plant_sqrt(model.model.layers[0].mlp)
     with pytest.raises(FloatingPointError, match=r"in backward\.model\.layers\.0\.mlp at test_numerics\.py:\d+"
@@ -274,7 +274,7 @@ def test_it_names_the_op_jax_debug_nans_names(dev, nans):
 
 def test_ranges_name_each_module_and_its_dtype_limit(dev, monkeypatch):
     monkeypatch.setattr(xlakit.config, "record_ranges", True)
-    model, opt, batch = llama(dev)
+    model, opt, batch = llama(dev, layers=2)
     model.model.layers[1].mlp.down_proj.weight.data.mul_(1000)
     train(model, opt, batch)
     ranges = xlakit.last_step().numerics.ranges
