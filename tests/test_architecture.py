@@ -130,13 +130,15 @@ def test_import_changes_nothing_global_in_torch_or_jax():
     program = textwrap.dedent("""
         import jax, torch
         from jax._src import compilation_cache as cc
+        from jax._src.interpreters import mlir
 
         def state():
             return (jax.config.jax_enable_x64, jax.config.jax_enable_compilation_cache,
                     cc.get_executable_and_time, cc.put_executable_and_time,
                     torch._C._get_privateuse1_backend_name(), torch.nn.Module._apply,
                     torch.nn.Module.load_state_dict, torch.amp.autocast.__enter__,
-                    hasattr(torch, "lazy"), len(torch.nn.modules.module._global_parameter_registration_hooks))
+                    hasattr(torch, "lazy"), len(torch.nn.modules.module._global_parameter_registration_hooks),
+                    getattr(mlir, "HashableLiteral", None) and mlir.HashableLiteral.__init__)  # jax 0.7
 
         before = state()
         import xlakit

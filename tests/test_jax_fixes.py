@@ -1,5 +1,6 @@
-"""xlakit/lowerings/jax_fixes.py: where jax has the defect, the fix is in and lowers right;
-where it has not (jax 0.10), nothing is touched. Only the Colab column's jax 0.7.2 has it."""
+"""xlakit/lowerings/jax_fixes.py: where jax has the defect, the fix is in once the lazy device is
+(tests/test_architecture.py: not at import) and lowers right; where it has not (jax 0.10), nothing
+is touched. Only the Colab column's jax 0.7.2 has it."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 from jax._src import core
 from jax._src.interpreters import mlir
 
-import xlakit.lowerings.jax_fixes  # noqa: F401 (what xlakit's lowering imports)
+import xlakit
 
 HAS_CACHE = hasattr(mlir, "HashableLiteral")
 CONSTANTS = [0.0, -0.0, *(k / 8 for k in range(-30, 30) if k)]
@@ -19,6 +20,7 @@ def _many_literals(x):
 
 @pytest.mark.skipif(not HAS_CACHE, reason="this jax's lowering has no literal cache")
 def test_equal_literals_hash_equal_and_signed_zeros_stay_apart():
+    xlakit.device()   # installs the fix
     jaxpr = jax.make_jaxpr(_many_literals)(jnp.ones(3, jnp.float32)).jaxpr
     literals = [v for eqn in jaxpr.eqns for v in eqn.invars if type(v) is core.Literal]
     hashed = [mlir.HashableLiteral(v) for v in literals]
@@ -29,6 +31,7 @@ def test_equal_literals_hash_equal_and_signed_zeros_stay_apart():
 
 
 def test_a_jaxpr_of_many_literals_lowers_to_its_values():
+    xlakit.device()
     x = np.array([1.0, -2.0, 0.5], np.float32)
     got = jax.jit(_many_literals)(x)
     for value, c in zip(got, CONSTANTS + [CONSTANTS[5]]):

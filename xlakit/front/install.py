@@ -13,6 +13,7 @@ import jax
 
 from ..config import default_cache_dir
 from ..engine import cache
+from ..lowerings import jax_fixes
 from . import (autocast, device_module, dynamo_frames, fake_tensors, functionalization, host_state, labels, modules,
                serialization)
 
@@ -48,4 +49,5 @@ def install() -> None:
         serialization.install()
         dynamo_frames.install()
         fake_tensors.install()
+        jax_fixes.install()
         _INSTALLED = True

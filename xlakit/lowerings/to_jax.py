@@ -20,7 +20,7 @@ from .. import lowerings
 from ..core import checks, hlo, sharding, sources
 from ..core.ir import Aval, Graph, Node, Slot, digest, fill
 from ..core.state import PROCESS
-from . import jax_fixes, numerics, registry  # noqa: F401 (jax_fixes mends jax's lowering where it needs it)
+from . import numerics, registry
 from .dtypes import jax_dtype
 from .verdicts import NeedsEager
 
