@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import gc
 import threading
 import time
@@ -39,6 +38,8 @@ class Engine:
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
         self._tensors: dict[int, LiveValue] = {}
         self._refs: dict[int, weakref.ref] = {}
+        self._ref_keys: dict[int, int] = {}  # id of a reference in _refs -> its key
+        self._forget = self._forget  # bound once: every reference's callback
         # called before each step marker (the frontend stamps tensor labels), and after one
         # whose step was dropped (the frontend gives host state back): `hook(stopped_at)`, with
         # None where the device could not run it, else the recording order (Node.seq) of the
@@ -75,15 +76,22 @@ class Engine:
     def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
         key = tensor._cdata
         self._tensors[key] = value
-        # a plain reference with a C partial as its callback: KeyedRef's Python __new__ and __init__
-        # cost every new tensor ~0.5 µs more
-        self._refs[key] = weakref.ref(tensor, functools.partial(self._forget, key))
+        # one bound callback for every tensor, its key found by the reference's id: no partial
+        # and bound method made per tensor (KeyedRef's Python __new__ and __init__ cost ~0.5 µs
+        # more), and two objects fewer that a step keeps alive for the cyclic collector
+        old = self._refs.get(key)
+        if old is not None:  # registered again: the old reference is dropped, and never calls back
+            self._ref_keys.pop(id(old), None)
+        ref = self._refs[key] = weakref.ref(tensor, self._forget)
+        self._ref_keys[id(ref)] = key
 
-    def _forget(self, key: int, ref: weakref.ref) -> None:
+    def _forget(self, ref: weakref.ref) -> None:
         """A registered tensor died: its value goes now, its buffer with it (kept until the next
         sync, compiled calls' outputs piled up: they make no sync). Called where the tensor dies,
-        in any thread; a tensor registered again has a newer reference, and this one forgets nothing."""
-        if self._refs.get(key) is ref:
+        in any thread; a tensor registered again has a newer reference, and the old one is
+        forgotten by `register`."""
+        key = self._ref_keys.pop(id(ref), None)
+        if key is not None and self._refs.get(key) is ref:
             del self._refs[key]
             self._tensors.pop(key, None)
 
