@@ -405,3 +405,49 @@ def test_a_replayed_op_keeps_eagers_strides_and_offset(dev):
     for got, want in zip(made, [x.t() * 2, x[1:], x.t(), x * 2]):
         assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
         assert_same(got, want)
+
+
+def _updates_without_labels(a, b, c):
+    """Three unlabeled tensors of one shape, each updated from another: only the chains from
+    each new value back to its input (stages.updated_from) pair donors with outputs."""
+    a.mul_(0.5).add_(b)
+    b.add_(c * 2)
+    c.copy_(b - a)
+
+
+def test_a_replayed_marker_donates_as_a_fresh_cut_does_without_walking_the_chains(dev, monkeypatch):
+    """The replayed marker takes each root's update from its recording's plan (Plan.updates); it
+    donates and pairs as a fresh cut of the same step does, with donation turned off for the
+    recorded step and on for the replayed ones (the recording then knows none), values as eager's."""
+    from xlakit.config import config
+    from xlakit.engine import stages
+
+    engine().forget_recordings()  # the runs other tests began at these lines
+    eager = [torch.randn(3, 4) for _ in range(3)]
+    lazy = [t.to(dev) for t in eager]
+    walked = []
+    updated_from = stages.updated_from
+    monkeypatch.setattr(stages, "updated_from", lambda *a: walked.append(a) or updated_from(*a))
+    records = []
+    for step in range(6):
+        monkeypatch.setattr(config, "donate", step != 2)  # the step recorded for replay donates nothing
+        walked.clear()
+        _updates_without_labels(*eager)
+        _updates_without_labels(*lazy)
+        xlakit.mark_step()
+        records.append((last(), len(walked)))
+        for e, t in zip(eager, lazy):
+            torch.testing.assert_close(t.cpu(), e)
+    (recorded, _), (first_replay, walks_first) = records[2], records[3]
+    assert recorded.replay.recorded > 0 and not recorded.donated
+    assert first_replay.replay.recorded == 0 and walks_first == 3  # its recording planned no donation
+    assert all(r.replay.recorded == 0 and walks == 0 for r, walks in records[4:])
+    engine().forget_recordings()
+    _updates_without_labels(*eager)
+    _updates_without_labels(*lazy)
+    xlakit.mark_step()
+    fresh = last()
+    assert fresh.replay.replayed == 0
+    assert len(fresh.donated) == 3
+    for replayed, _ in records[3:]:
+        assert (replayed.key, replayed.donated, replayed.donation_note) == (fresh.key, fresh.donated, fresh.donation_note)

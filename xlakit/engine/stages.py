@@ -23,6 +23,7 @@ class Cut:
     roots: list[tuple[Node, int]]   # the node output behind each graph root, in root order
     labels: list[str | None]        # per root: the label of the tensor it computes, if any
     marks: list | None = None       # its sharding marks (sharding.constraints), where known without a walk
+    updates: tuple | None = None    # per root, the param it is an update of (Plan.updates), where known so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Plan:
     roots: list[tuple[Node, int]]
     donors: tuple[int, ...]         # donated parameter indices, sorted
     note: str                       # why nothing (or not more) is donated
+    updates: tuple | None = None    # per cut root, the param it is an update of (updated_from), or None
 
 
 def cut(targets, live, *, full: bool) -> Cut:
@@ -144,9 +146,10 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     held = holders(live)
     root_avals = graph.root_avals
     param_of = {id(p): i for i, p in enumerate(graph.params)}
+    # a replayed cut's are its recording's (engine/tape.py): the same graph, its chains not walked again
+    updates = cut.updates if cut.updates is not None else tuple(updated_from(*root, param_of) for root in cut.roots)
     by_update, by_label = {}, {}
-    for k, (root, label) in enumerate(zip(cut.roots, cut.labels)):
-        i = updated_from(*root, param_of)
+    for k, (i, label) in enumerate(zip(updates, cut.labels)):
         if i is not None and graph.params[i].aval == root_avals[k]:
             by_update.setdefault(i, k)
         if label is not None:
@@ -188,7 +191,7 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     if unpaired:
         reasons.append(f"{unpaired} input(s) with no output of the same shape and dtype to reuse the buffer")
     planned = dataclasses.replace(graph, roots=[graph.roots[k] for k in order])
-    return Plan(planned, [cut.roots[k] for k in order], tuple(sorted(taken.values())), "; ".join(reasons))
+    return Plan(planned, [cut.roots[k] for k in order], tuple(sorted(taken.values())), "; ".join(reasons), updates)
 
 
 CHAIN_LIMIT = 32  # ops between a root and its input: an optimizer's update of a parameter takes 2-6

@@ -6,8 +6,9 @@ expected one did (the same op and constants, operands with the same avals and
 layouts, each read from the same earlier op's output or the same input), the
 recorder reuses that op's inferred outputs and signature instead of inferring
 and describing them again (front/recorder.py). At a step marker, when every op
-of the run matched and the same outputs are live, the cut and key of the run it
-matched are reused: no graph walk, no digest of the graph. The first mismatch
+of the run matched and the same outputs are live, the cut, key and donor pairing of
+the run it matched are reused: no graph walk, no digest of the graph, no walk back
+from each output to the input it updates (stages.Plan.updates). The first mismatch
 records from that op on, so what is replayed is what recording would make; the
 guard only decides how much work recording skips. Source lines are taken anew
 for every op: a replayed node shows this step's lines, and the metadata digest
@@ -101,6 +102,7 @@ class _CutMemo:
     planned_roots: list     # the roots in the order the plan gave them
     flags: dict
     key: keys.Key
+    updates: tuple | None           # per root, the param it updates (stages.Plan.updates)
     before_lineage: object = None   # positions < 0 read the run before: its lineage then
     before_nodes: tuple = ()        # the graph's nodes of that run (each must still be pending)
 
@@ -181,7 +183,7 @@ class Run:
                 return None  # the walk decides (stages.cut says what is wrong)
         graph = Graph(nodes=graph_nodes, params=params, roots=list(memo.graph_roots), wiring=memo.wiring)
         # no sharding marks: a cut is remembered only where it runs on one device (a mark places it on a mesh)
-        return stages.Cut(graph, [(graph_nodes.at(p), i) for p, i, _ in roots], labels, marks=[])
+        return stages.Cut(graph, [(graph_nodes.at(p), i) for p, i, _ in roots], labels, marks=[], updates=memo.updates)
 
     def key(self, graph: Graph, donors: tuple, flags: dict) -> keys.Key | None:
         """The matched run's key, if this graph (made by `cut`) is planned as it was."""
@@ -242,6 +244,7 @@ class Run:
         return _CutMemo(roots=roots, positions=positions, param_uses=[uses[i] for i in range(len(graph.params))],
                         wiring=graph.wiring, graph_roots=list(graph.roots), labels=[p.label for p in graph.params],
                         donors=planned.donors, planned_roots=list(planned.graph.roots), flags=flags, key=key,
+                        updates=planned.updates,
                         before_lineage=self.before.lineage if before_nodes else None, before_nodes=before_nodes)
 
 
