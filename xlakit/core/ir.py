@@ -235,7 +235,7 @@ def instantiate(graph: Graph, operands: list) -> list[Node]:
     one more run of the same computation, as part of whatever step computes it."""
     nodes: list[Node] = []
     append = nodes.append
-    # what the nodes read, by _instancing's numbers: the params, then each (node, output) read,
+    # what the nodes read, by Graph.instancing's numbers: the params, then each (node, output) read,
     # made once for all its readers (one tuple per output, not per operand: a compiled Llama
     # step's 1953 nodes made ~2.2 tuples each, and what a step keeps alive is what Python's
     # cyclic collector walks)
