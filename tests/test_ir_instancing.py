@@ -1,12 +1,12 @@
 """The engine's cheap bookkeeping, checked against what it stands for: `instantiate` wires a
-compiled graph again exactly as its wiring says, and the registry of live tensors forgets each
+compiled graph again exactly as its wiring says (its first roots the nodes of it made whole), and the registry of live tensors forgets each
 tensor once, when it dies, whatever re-registered it."""
 import gc
 import random
 
 import torch
 
-from xlakit.core.ir import Aval, DeviceData, Graph, Node, instantiate
+from xlakit.core.ir import Aval, DeviceData, Graph, Node, instantiate, recording_mark
 from xlakit.engine import executor
 from xlakit.front import recorder
 
@@ -32,7 +32,7 @@ def test_instantiate_reads_what_the_wiring_says_and_makes_one_pair_per_output():
     for _ in range(300):
         graph = random_graph(rng)
         operands = [DeviceData(None, F32) for _ in graph.params]
-        nodes = instantiate(graph, operands)
+        nodes = instantiate(graph, operands).expand()
         assert [n.op for n in nodes] == [n.op for n in graph.nodes]
         pairs = {}
         for node, wires in zip(nodes, graph.wiring):
@@ -43,7 +43,44 @@ def test_instantiate_reads_what_the_wiring_says_and_makes_one_pair_per_output():
                 else:
                     assert operand == (nodes[w[0]], w[1]) and operand[0] is nodes[w[0]]
                     assert pairs.setdefault(w, operand) is operand  # shared by every reader
-        assert len({n.seq for n in nodes}) == len(nodes)  # new nodes, each its own place in the program
+        seqs = [n.seq for n in nodes]
+        assert seqs == list(range(seqs[0], seqs[0] + len(nodes)))  # new nodes, in graph order, as recorded one by one
+
+
+def test_an_instances_roots_keep_their_identity_when_it_is_made_whole():
+    """The roots made first are the nodes the expanded graph reads (a walk from any of them
+    finds the others, results and all); a root that died is made again; no seq is skipped."""
+    rng = random.Random(1)
+    for _ in range(200):
+        graph = random_graph(rng)
+        operands = [DeviceData(None, F32) for _ in graph.params]
+        mark = recording_mark()
+        instance = instantiate(graph, operands)
+        assert recording_mark() == mark + len(graph.nodes) and instance.first_seq == mark
+        positions = rng.sample(range(len(graph.nodes)), rng.randint(1, len(graph.nodes)))
+        roots = {p: instance.root(p) for p in positions}
+        assert all(instance.root(p) is node for p, node in roots.items())
+        died = positions[0]
+        if len(positions) > 1:
+            del roots[died]
+        entries = instance.entries()
+        assert [e if e is instance else e.seq - mark for e in entries] == \
+            [p if p in roots else instance for p in range(len(graph.nodes))]
+        kept, reader = rng.choice(list(roots.items()))
+        assert instance.nodes is None
+        reader.operands  # reading one root's operands makes them all
+        nodes = instance.nodes
+        assert all(nodes[p] is node and node.instance is None for p, node in roots.items())
+        assert [n.seq - mark for n in nodes] == list(range(len(graph.nodes)))
+        fresh = instantiate(graph, operands).expand()
+        assert [[_wire(o, nodes) for o in n.operands] for n in nodes] == \
+            [[_wire(o, fresh) for o in n.operands] for n in fresh]
+        assert instance.root(kept) is nodes[kept]
+
+
+def _wire(operand, nodes):
+    return operand if isinstance(operand, DeviceData) else (next(k for k, n in enumerate(nodes) if n is operand[0]),
+                                                            operand[1])
 
 
 def _registry_sizes(engine):

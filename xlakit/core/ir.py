@@ -6,10 +6,12 @@ never reaches the cache key.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import hashlib
 import itertools
+import weakref
 from typing import Any
 
 import torch
@@ -147,7 +149,7 @@ class Node:
     _ids = itertools.count()
 
     def __init__(self, op, operands: tuple, template: Any, avals: tuple[Aval, ...],
-                 source: Source | None, signature: bytes):
+                 source: Source | None, signature: bytes, seq: int | None = None):
         self.op = op
         self.operands = operands
         self.template = template
@@ -155,7 +157,7 @@ class Node:
         self.source = source
         self.signature = signature
         self.results: list[DeviceData | None] | None = None
-        self.seq = next(Node._ids)
+        self.seq = next(Node._ids) if seq is None else seq
 
     def __repr__(self) -> str:
         return f"Node({self.op}, {', '.join(map(str, self.avals))})"
@@ -223,30 +225,118 @@ def structure(graph: Graph) -> Graph:
     lowering it again needs, holding no device memory while it is kept."""
     nodes = []
     for node in graph.nodes:
-        copy = Node(node.op, (), node.template, node.avals, node.source, node.signature)
-        copy.seq = node.seq
-        nodes.append(copy)
+        nodes.append(Node(node.op, (), node.template, node.avals, node.source, node.signature, node.seq))
     return Graph(nodes, [DeviceData(None, p.aval) for p in graph.params], list(graph.roots), list(graph.wiring))
 
 
-def instantiate(graph: Graph, operands: list) -> list[Node]:
-    """The nodes of `graph` (a `structure`) recorded again, pending, reading `operands`
-    (per param: device data or a pending (node, output)) where the graph read its params:
-    one more run of the same computation, as part of whatever step computes it."""
-    nodes: list[Node] = []
-    append = nodes.append
-    # what the nodes read, by Graph.instancing's numbers: the params, then each (node, output) read,
-    # made once for all its readers (one tuple per output, not per operand: a compiled Llama
-    # step's 1953 nodes made ~2.2 tuples each, and what a step keeps alive is what Python's
-    # cyclic collector walks)
-    refs = list(operands)
-    pair = refs.append
-    for node, (reads, outputs) in zip(graph.nodes, graph.instancing):
-        made = Node(node.op, tuple([refs[r] for r in reads]), node.template, node.avals, node.source, node.signature)
-        append(made)
-        for i in outputs:
-            pair((made, i))
-    return nodes
+def instantiate(graph: Graph, operands: list) -> Instance:
+    """`graph` (a `structure`) recorded again, pending, reading `operands` (per param: device
+    data or a pending (node, output)) where the graph read its params: one more run of the same
+    computation, as part of whatever step computes it. Its nodes are made as `Instance` says."""
+    return Instance(graph, operands)
+
+
+class Instance:
+    """A compiled graph recorded again (`instantiate`). Of its nodes, only those whose outputs
+    something asks for are made at first (`root`: the outputs the compiled call returns as
+    tensors), each a DeferredNode; the others, and the roots' operands, when something first
+    reads a root's operands or asks for another node (`expand`). A step the tape replays whole
+    (engine/tape.py) walks none of them and lowers nothing: a compiled Llama step's ~1,950
+    nodes were made every step (2.3 ms, and what Python's cyclic collector then walks).
+
+    The instance holds its roots weakly (a root holds its instance: a cycle would leave the
+    roots' device buffers to the collector); a root that died is made again, unread by anyone,
+    if the instance expands. Its nodes take the seqs `first_seq` on, in graph order, as
+    recording them one by one did."""
+
+    __slots__ = ("graph", "operands", "first_seq", "start", "made", "nodes")
+
+    def __init__(self, graph: Graph, operands: list):
+        self.graph, self.operands = graph, operands
+        n = len(graph.nodes)
+        self.first_seq = next(Node._ids) if n else recording_mark()
+        collections.deque(itertools.islice(Node._ids, max(n - 1, 0)), maxlen=0)  # the rest of its seqs, taken in C
+        self.start = 0     # its first node's position in the run that recorded it (engine/tape.py)
+        self.made: dict[int, weakref.ref] = {}  # node position -> its root, while not expanded
+        self.nodes: list[Node] | None = None    # every node, once expanded
+
+    def root(self, position: int) -> Node:
+        """The node at `position`, made without its operands where the instance is not expanded."""
+        if self.nodes is not None:
+            return self.nodes[position]
+        ref = self.made.get(position)
+        node = ref() if ref is not None else None
+        if node is None:
+            node = DeferredNode(self.graph.nodes[position], self.first_seq + position, self)
+            self.made[position] = weakref.ref(node)
+        return node
+
+    def entries(self) -> list:
+        """Per node position, its root where made, else this instance: what a run keeps for them."""
+        entries = [self] * len(self.graph.nodes)
+        for position, ref in self.made.items():
+            node = ref()
+            if node is not None:
+                entries[position] = node
+        return entries
+
+    def node(self, offset: int) -> Node:
+        """The node at this position, the instance expanded (the nodes it reads are needed with it)."""
+        return self.expand()[offset]
+
+    def operand(self, offset: int, k: int):
+        """Operand `k` of the node at `offset`, without expanding where it is one of the operands."""
+        if self.nodes is None:
+            w = self.graph.wiring[offset][k]
+            if w.__class__ is int:
+                return self.operands[w]
+        return self.node(offset).operands[k]
+
+    def expand(self) -> list[Node]:
+        """Every node, made once, wired as the graph is (its roots made before keep their identity)."""
+        if self.nodes is None:
+            graph, made, first = self.graph, self.made, self.first_seq
+            nodes: list[Node] = []
+            # what the nodes read, by Graph.instancing's numbers: the params, then each (node, output)
+            # read, made once for all its readers (one tuple per output, not per operand)
+            refs = list(self.operands)
+            pair = refs.append
+            for k, (node, (reads, outputs)) in enumerate(zip(graph.nodes, graph.instancing)):
+                operands = tuple([refs[r] for r in reads])
+                ref = made.get(k)
+                root = ref() if ref is not None else None
+                if root is None:
+                    root = Node(node.op, operands, node.template, node.avals, node.source, node.signature, first + k)
+                else:
+                    root.operands, root.instance = operands, None
+                nodes.append(root)
+                for i in outputs:
+                    pair((root, i))
+            self.nodes, self.made, self.operands = nodes, {}, ()
+        return self.nodes
+
+
+class DeferredNode(Node):
+    """A node of an `Instance` made before its operands: reading them expands the instance."""
+
+    __slots__ = ("instance",)
+
+    def __init__(self, node: Node, seq: int, instance: Instance):  # `node`: the graph's, by structure
+        super().__init__(node.op, (), node.template, node.avals, node.source, node.signature, seq)
+        self.instance = instance
+
+    @property
+    def operands(self) -> tuple:
+        if self.instance is not None:
+            self.instance.expand()
+        return _OPERANDS.__get__(self)
+
+    @operands.setter
+    def operands(self, operands: tuple) -> None:
+        _OPERANDS.__set__(self, operands)
+
+
+_OPERANDS = Node.__dict__["operands"]  # the slot itself, behind DeferredNode's property
 
 
 def operand_data(operand) -> DeviceData | None:

@@ -12,6 +12,8 @@ The graphs of a training step are not run one by one: each call records its
 traced graph again into the lazy IR (core/ir.instantiate), reading the call's
 inputs, and the step marker the optimizer's graph ends with computes forward,
 backward and optimizer step as one executable (integrations/compiled_call.py says when).
+Of a graph recorded again only the nodes its returned tensors hold are made; a step the
+tape replays whole makes no other.
 
 An input still pending that is a constant fill of computed operands (autograd's
 `ones_like(loss)` grad seed, fed to a backward graph that runs now) is computed by its

@@ -19,7 +19,7 @@ import torch
 
 from ..config import config
 from ..core import sharding, sources, transfer
-from ..core.ir import DeviceData, Graph, Node, operand_data, pending_nodes
+from ..core.ir import DeviceData, Graph, Instance, Node, operand_data, pending_nodes
 from ..core.record import StepLog, Timings, Trigger
 from ..core.state import PROCESS
 from ..lowerings import eager, to_jax, verdicts
@@ -144,9 +144,9 @@ class Engine:
         """`node` was recorded fresh (`fresh`: what the next run matches)."""
         self._tape.add(node, **fresh)
 
-    def recorded_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
-        """A compiled graph was recorded again as `nodes`: a repeated step reuses its cut and key."""
-        self._tape.add_graph(graph, operands, nodes)
+    def recorded_graph(self, graph: Graph, operands: list, instance: Instance) -> None:
+        """A compiled graph was recorded again as `instance`: a repeated step reuses its cut and key."""
+        self._tape.add_graph(graph, operands, instance)
 
     def forget_recordings(self) -> None:
         self._tape.clear()
@@ -297,7 +297,7 @@ class Engine:
         del arguments  # a guarded step's inputs, kept for its search; not in an exception's traceback
 
         donated = tuple(records.donate(i, graph.params[i]) for i in donors)
-        self._bind_results(graph, planned.roots, outputs, targets)
+        self._bind_results(planned.roots, outputs, targets)
         results = [node.results[i] for node, i in planned.roots]
         previous = self._ledger.bound(results, targets)
         if checked is not None or inherited:
@@ -353,12 +353,12 @@ class Engine:
                 numerics.report(found, graph_info)
             return outputs
 
-    def _bind_results(self, graph: Graph, roots, outputs, targets) -> None:
+    def _bind_results(self, roots, outputs, targets) -> None:
         labels = {(id(t.node), t.index): t.label for t in targets if t.label}
-        for (node, index), array, aval in zip(roots, outputs, graph.root_avals):
+        for (node, index), array in zip(roots, outputs):
             if node.results is None:
                 node.results = [None] * len(node.avals)
-            node.results[index] = DeviceData(array, aval, label=labels.get((id(node), index)))
+            node.results[index] = DeviceData(array, node.avals[index], label=labels.get((id(node), index)))
         for t in targets:
             t.resolve()
 

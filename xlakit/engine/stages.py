@@ -144,7 +144,7 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     if not donate:
         return Plan(graph, cut.roots, (), "donation turned off (xlakit.config.donate)")
     held = holders(live)
-    root_avals = graph.root_avals
+    root_avals = [node.avals[i] for node, i in cut.roots]  # graph.root_avals, read off the nodes at hand
     param_of = {id(p): i for i, p in enumerate(graph.params)}
     # a replayed cut's are its recording's (engine/tape.py): the same graph, its chains not walked again
     updates = cut.updates if cut.updates is not None else tuple(updated_from(*root, param_of) for root in cut.roots)

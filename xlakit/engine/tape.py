@@ -16,7 +16,9 @@ is recomputed when one differs.
 
 A torch.compile graph recorded again into the step (integrations/compiled_call.py) is matched
 as one op: the same graph, its operands read from the same places. A compiled training
-step is then one run of three such graphs, its cut and key reused from the step before.
+step is then one run of three such graphs, its cut and key reused from the step before; the
+run keeps each graph's `Instance` where its nodes go, and the marker reads the cut's inputs
+through it (`_Placed.operand`), so a graph's nodes that no tensor holds are never made.
 
 Runs are found by the sync that began them (its trigger and line): a loop that
 reads its loss with `.item()` mid-step alternates two runs, each matched with its
@@ -44,7 +46,7 @@ import functools
 import torch
 
 from ..core import sources, transfer
-from ..core.ir import Aval, DeviceData, Graph, Node, Slot, operand_data
+from ..core.ir import Aval, DeferredNode, DeviceData, Graph, Instance, Node, Slot, operand_data
 from ..core.record import Replay
 from ..core.state import Memo
 from . import keys, stages
@@ -136,13 +138,13 @@ class Run:
         None if recorded elsewhere (earlier, or beside it)."""
         position = node.seq - self.first_seq
         nodes = self.nodes
-        if 0 <= position < len(nodes) and nodes[position] is node:
+        if 0 <= position < len(nodes) and (nodes[position] is node or _holds(nodes[position], node)):
             return position
         before = self.before
         if before is not None:
             nodes = before.nodes
             position = node.seq - before.first_seq
-            if 0 <= position < len(nodes) and nodes[position] is node:
+            if 0 <= position < len(nodes) and (nodes[position] is node or _holds(nodes[position], node)):
                 return position - len(nodes)
         return None
 
@@ -177,7 +179,7 @@ class Run:
         for n in memo.before_nodes:
             if graph_nodes[n].results is not None:
                 return None
-        params = [operand_data(graph_nodes[n].operands[k]) for n, k in memo.param_uses]
+        params = [operand_data(graph_nodes.operand(n, k)) for n, k in memo.param_uses]
         for p in params:
             if p.__class__ is not DeviceData or p.donated:
                 return None  # the walk decides (stages.cut says what is wrong)
@@ -260,7 +262,23 @@ class _Placed(collections.abc.Sequence):
 
     def at(self, position: int) -> Node:
         """The node at this run position (negative: of the run before)."""
-        return self._nodes[position] if position >= 0 else self._earlier[position]
+        node = self._nodes[position] if position >= 0 else self._earlier[position]
+        if node.__class__ is Instance:
+            return node.node(self._offset(node, position))
+        return node
+
+    def operand(self, n: int, k: int):
+        """Operand `k` of graph node `n`, read without making a compiled graph's nodes."""
+        position = self._positions[n]
+        node = self._nodes[position] if position >= 0 else self._earlier[position]
+        if node.__class__ is Instance:
+            return node.operand(self._offset(node, position), k)
+        if node.__class__ is DeferredNode and node.instance is not None:
+            return node.instance.operand(node.seq - node.instance.first_seq, k)
+        return node.operands[k]
+
+    def _offset(self, instance: Instance, position: int) -> int:
+        return (position if position >= 0 else len(self._earlier) + position) - instance.start
 
     def __len__(self) -> int:
         return len(self._positions)
@@ -452,31 +470,34 @@ class Tape:
         run.recorded.append(Expected(node.op, template, tuple(slots), tuple(layouts_in), tuple(avals_in),
                                      default_dtype, node.avals, structure, node.signature, layouts, node.source))
 
-    def add_graph(self, graph: Graph, operands: list, nodes: list[Node]) -> None:
-        """Note the nodes of `graph` (a structure) recorded again on `operands` (per param:
-        device data or a pending (node, output)): replayed, as one, if the run it follows
-        recorded the same graph here on operands from the same places."""
+    def add_graph(self, graph: Graph, operands: list, instance: Instance) -> None:
+        """Note `graph` (a structure) recorded again on `operands` (per param: device data or a
+        pending (node, output)) as `instance`: replayed, as one, if the run it follows recorded
+        the same graph here on operands from the same places. The run keeps the instance's roots
+        made so far, and the instance where its other nodes go (`_Placed` and `Run.position` read
+        through it): nothing here makes them."""
         run = self._run
-        run.ops += len(nodes)
-        if not nodes:
+        size = len(graph.nodes)
+        run.ops += size
+        if not size:
             return
         if run.first_seq < 0:
-            run.first_seq = nodes[0].seq
-        if not run.recording:
-            run.nodes.extend(nodes)
-            return
-        if len(run.recorded) + len(nodes) > LIMIT:
+            run.first_seq = instance.first_seq
+        if run.recording and len(run.recorded) + size > LIMIT:
             run.why = run.why or f"the run is longer than {LIMIT} ops: the rest is recorded"
+            return
+        instance.start = len(run.nodes)
+        run.nodes.extend(instance.entries())
+        if not run.recording:
             return
         slots = tuple(self._graph_slot(operand) for operand in operands)
         position = len(run.recorded)
-        run.nodes.extend(nodes)
         if not run.why:
             expected = run.expected.recorded[position] if position < len(run.expected.recorded) else None
             same_graph = expected.__class__ is _GraphNode and expected.first and expected.graph is graph
             if same_graph and expected.slots == slots and ("x",) not in slots and self._same_new_inputs(run):
-                run.replayed += len(nodes)
-                run.recorded.extend(run.expected.recorded[position:position + len(nodes)])
+                run.replayed += size
+                run.recorded.extend(run.expected.recorded[position:position + size])
                 return
             if same_graph:
                 run.why = f"op {position}: a compiled graph recorded again on inputs from other places"
@@ -484,7 +505,7 @@ class Tape:
                 run.why = f"op {position}: a compiled graph recorded again where the run it follows had another op"
             else:
                 run.why = f"op {position}: a compiled graph is new: the run it follows had {position} ops"
-        run.recorded.extend(_GraphNode(graph, slots, node.source, k == 0) for k, node in enumerate(nodes))
+        run.recorded.extend(_GraphNode(graph, slots, node.source, k == 0) for k, node in enumerate(graph.nodes))
 
     def _graph_slot(self, operand) -> tuple:
         """Where a compiled graph's operand came from (see Expected.slots)."""
@@ -571,6 +592,12 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     """A new tensor's strides, as a tensor made without strides gets them: a replayed output of
     this layout is made so (Expected.layouts holds None), ~0.3 µs less an op."""
     return torch.empty(shape, device="meta").stride()
+
+
+def _holds(entry, node: Node) -> bool:
+    """Whether a run's entry that is not `node` is the Instance `node` was made by, expanded."""
+    return entry.__class__ is Instance and entry.nodes is not None and 0 <= node.seq - entry.first_seq < len(
+        entry.nodes) and entry.nodes[node.seq - entry.first_seq] is node
 
 
 def _aval_of(operand) -> Aval | None:

@@ -81,21 +81,23 @@ class CompiledCall:
                     return True
         return False
 
-    def emit(self, inputs: list, values: list):
+    def emit(self, inputs: list, values: list, bare: frozenset = frozenset()):
         """The graph recorded again into the lazy IR on these inputs (pending ones read as
         they are): its outputs are pending lazy tensors, computed by the next sync, one
         executable with whatever else that sync computes (those wanted on the host too:
-        xlakit_backend copies them there after that sync)."""
+        xlakit_backend copies them there after that sync). The outputs at the positions `bare`
+        are LazyTensors not wrapped by functionalization: the caller copies them into inputs."""
         operands = self._arguments(inputs, values, lambda value: value.operand())
-        nodes = instantiate(self.graph, operands)
-        current().recorded_graph(self.graph, operands, nodes)
+        instance = instantiate(self.graph, operands)
         outputs = []
-        for out in self.outputs:
+        for k, out in enumerate(self.outputs):
             if out is None or isinstance(out, int):
                 outputs.append(out if out is None else inputs[out])
             else:
                 (position, index), aval = self.graph.roots[out[0]], out[1]
-                outputs.append(torch._to_functional_tensor(new_tensor(aval, nodes[position], index)))
+                new = new_tensor(aval, instance.root(position), index)
+                outputs.append(new if k in bare else torch._to_functional_tensor(new))
+        current().recorded_graph(self.graph, operands, instance)  # with the roots its outputs hold
         return outputs
 
     def _arguments(self, inputs: list, values: list, of_value) -> list:

@@ -92,13 +92,14 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     static = all(isinstance(x, torch.Tensor) and not any(isinstance(d, torch.SymInt) for d in x.shape)
                  for x in example_inputs)
 
-    def run(*inputs, direct: bool = False):
-        """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined."""
+    def run(*inputs, direct: bool = False, bare: frozenset = frozenset()):
+        """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined;
+        `bare`: the outputs it copies into device inputs at once (CompiledCall.emit's)."""
         values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
         signature = () if static else compiled_call.signature(inputs)
         call = calls.get(signature)
         if call is not None and call.joins(values, training=training, direct=direct):
-            return _to_host_at(host, call.emit(list(inputs), values))
+            return _to_host_at(host, call.emit(list(inputs), values, bare))
         _compute_pending(values, tracing=call is None)
         if call is not None:
             return call(list(inputs), values)
@@ -236,19 +237,20 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     @torch._dynamo.disable(reason="xlakit runs the graph")
     def call(*args):
         args = (*held, *args) if held else args
+        on_device = [args[i].device == DEVICE for i in updated]
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         amp = torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
         try:
             with amp:  # off around the graph, as AOTAutograd's wrapper runs it
-                outputs = run(*args, direct=True)
+                outputs = run(*args, direct=True, bare=frozenset(k for k, device in enumerate(on_device) if device))
         finally:
             torch._C._set_grad_enabled(grad)
         if not updated:
             return outputs
-        on_host = [(args[i], new) for i, new in zip(updated, outputs) if args[i].device != DEVICE]
-        for i, new in zip(updated, outputs):
-            if args[i].device == DEVICE:
+        on_host = [(args[i], new) for i, new, device in zip(updated, outputs, on_device) if not device]
+        for i, new, device in zip(updated, outputs, on_device):
+            if device:
                 _copy_in(args[i], new)
         # an optimizer step that joined the lazy step ends it; a graph that updates only gradients
         # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
@@ -301,11 +303,17 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
     """AOTAutograd's copy of an updated input's new value into it. A device tensor of the
     same shape and dtype takes the value itself, laid out as it is, as the copy_ it would
     record does (front/recorder.py's _copy; no op dispatched), its version counted as
-    copy_'s is; others are copied as AOTAutograd copies them."""
-    if torch._is_functional_tensor(original) and torch._is_functional_tensor(new) and \
+    copy_'s is; others are copied as AOTAutograd copies them. `new`: the graph's output, used
+    once: bare (CompiledCall.emit) where the call joined the step, else functional; its
+    LazyTensor becomes the input's own where it is laid out as the input is (~4 µs less a copy
+    than wrapping, unwrapping and making another: an optimizer step copies in ~3 per parameter)."""
+    bare = new.__class__ is LazyTensor
+    if torch._is_functional_tensor(original) and (bare or torch._is_functional_tensor(new)) and \
             original.shape == new.shape and original.dtype == new.dtype:
-        state = unwrap(new)._state
-        value = LazyTensor(state, (original.stride(), original.storage_offset()))
+        value = new if bare else unwrap(new)
+        state, layout = value._state, (original.stride(), original.storage_offset())
+        if (value.stride(), value.storage_offset()) != layout:
+            value = LazyTensor(state, layout)
         torch._functionalize_replace(original, value)
         torch._functionalize_commit_update(original)
         torch._functionalize_sync(original)
@@ -313,7 +321,10 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
         if state.data is not None:  # a compiled call's, computed outside a step: named now, as a step's results are
             labels.stamp_if_named(original)
             note_computed(original)
-    elif original.requires_grad and original.is_leaf:  # a mutation autograd did not see
+        return
+    if bare:
+        new = torch._to_functional_tensor(new)
+    if original.requires_grad and original.is_leaf:  # a mutation autograd did not see
         original.detach().copy_(new)
     else:
         original.copy_(new)
