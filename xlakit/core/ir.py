@@ -242,7 +242,7 @@ class Instance:
     tensors), each a DeferredNode; the others, and the roots' operands, when something first
     reads a root's operands or asks for another node (`expand`). A step the tape replays whole
     (engine/tape.py) walks none of them and lowers nothing: a compiled Llama step's ~1,950
-    nodes were made every step (2.3 ms, and what Python's cyclic collector then walks).
+    nodes were made every step (1.1–2.3 ms, and what Python's cyclic collector then walks).
 
     The instance holds its roots weakly (a root holds its instance: a cycle would leave the
     roots' device buffers to the collector); a root that died is made again, unread by anyone,
