@@ -928,22 +928,34 @@ def test_a_snapshot_of_a_compiled_functions_input_keeps_its_value(dev, snapshot)
 
 # -- a replayed compiled step makes only the nodes its outputs hold (core/ir.Instance) ----------
 
-def _counting_expansions(monkeypatch) -> list:
-    """Each compiled graph recorded again that was made whole (Instance.expand) from now on."""
+def _steps_counting_expansions(monkeypatch, one_step) -> list:
+    """Per step of STEPS + 3, each run by `one_step(k)` (which compares it with eager's): its
+    records, and how many compiled graphs recorded again were made whole in it (Instance.expand)."""
     from xlakit.core import ir
 
     expanded, expand = [], ir.Instance.expand
     monkeypatch.setattr(ir.Instance, "expand", lambda self: (self.nodes is None and expanded.append(self))
                         or expand(self))
-    return expanded
+    steps = []
+    with dynamo_log() as log:
+        for k in range(STEPS + 3):
+            expanded.clear()
+            with xlakit.capture() as records:
+                one_step(k)
+            steps.append((records, len(expanded)))
+    _check_log(log)
+    return steps
+
+
+def _replayed_whole(steps) -> list:
+    """The expansions of each step after the first three whose last record replayed every op."""
+    return [n for records, n in steps[3:] if records and records[-1].replay.recorded == 0]
 
 
 def _train_step_keeping(model, opt, x, y):
-    """A step whose graphs' outputs die at different times: the forward's two outputs, one kept
-    past the optimizer (returned), the other only to the loss."""
+    """A step whose forward output is kept past the optimizer (returned) beside its loss."""
     out = model(x)
-    hidden = out * 2
-    loss = F.mse_loss(hidden, y)
+    loss = F.mse_loss(out * 2, y)
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -952,41 +964,35 @@ def _train_step_keeping(model, opt, x, y):
 
 @pytest.mark.parametrize("read", [None, "loss", "output"], ids=["no_read", "loss_read_mid_step", "output_read_mid_step"])
 def test_a_replayed_compiled_step_makes_no_node_it_does_not_return_and_matches_eager(dev, monkeypatch, read):
-    """Replayed whole, a compiled step makes each graph's returned nodes only, walks none and
-    lowers none, and still gives eager's loss, outputs, parameters and optimizer state. Read in
-    the middle (the forward's loss or output, before backward: a partial sync walks the forward),
-    a graph is made whole where the walk needs it, around the nodes the step already made."""
+    """Replayed whole, a step with a compiled forward makes each graph's returned nodes only, walks
+    none and lowers none, and still gives eager's loss, outputs, parameters and optimizer state.
+    Read in the middle (the forward's loss or output, before backward: a partial sync walks the
+    forward), a graph is made whole where the walk needs it, around the nodes the step made."""
     eager, model, eager_opt, opt = _pair(Net, _adamw)
     forward = torch.compile(model, backend="xlakit")
 
     def step(m, run, o, x, y):
         out = run(x)
         loss = F.mse_loss(out * 2, y)
-        if read is not None:
-            value = (loss if read == "loss" else out).sum().item()
+        value = None if read is None else (loss if read == "loss" else out).sum().item()
         loss.backward()
         o.step()
         o.zero_grad()
-        return (loss, out) if read is None else (loss, out, value)
+        return loss, out, value
 
-    expanded = _counting_expansions(monkeypatch)
-    replays = []
-    with dynamo_log() as log:
-        for k in range(STEPS + 3):
-            x, y = _batch(k)
-            expanded.clear()
-            got = step(model, forward, opt, x.to(dev), y.to(dev))
-            want = step(eager, eager, eager_opt, x, y)
-            xlakit.mark_step()
-            replays.append((xlakit.steps()[-1].replay, len(expanded)))
-            _same(got[:2], want[:2])
-            if read is not None:
-                assert got[2] == pytest.approx(want[2], rel=2e-4, abs=2e-5)
+    def one_step(k):
+        x, y = _batch(k)
+        got = step(model, forward, opt, x.to(dev), y.to(dev))
+        want = step(eager, eager, eager_opt, x, y)
+        xlakit.mark_step()
+        _same(got[:2], want[:2])
+        assert got[2] == (None if read is None else pytest.approx(want[2], rel=2e-4, abs=2e-5))
+
+    steps = _steps_counting_expansions(monkeypatch, one_step)
     _same_state(model, eager, [(opt, eager_opt)])
-    _check_log(log)
-    replayed = [(r, n) for r, n in replays[3:] if r is not None and r.recorded == 0 and r.replayed]
-    assert len(replayed) >= STEPS - 1, replays
-    assert all(n == 0 for _, n in replayed) if read is None else all(n >= 1 for _, n in replays[3:]), replays
+    replayed = _replayed_whole(steps)
+    assert len(replayed) >= STEPS - 1, steps
+    assert all(n == 0 for n in replayed) if read is None else all(n >= 1 for _, n in steps[3:]), steps
 
 
 def test_a_whole_compiled_step_replayed_makes_only_its_returned_nodes(dev, monkeypatch):
@@ -994,18 +1000,14 @@ def test_a_whole_compiled_step_replayed_makes_only_its_returned_nodes(dev, monke
     graph is made whole, and each step still runs one executable of one key with eager's values."""
     eager, model, eager_opt, opt = _pair(Net, _adamw)
     compiled = torch.compile(_train_step_keeping, backend="xlakit")
-    expanded = _counting_expansions(monkeypatch)
-    steps = []
-    with dynamo_log() as log:
-        for k in range(STEPS + 3):
-            x, y = _batch(k)
-            expanded.clear()
-            with xlakit.capture() as records:
-                _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step_keeping(eager, eager_opt, x, y))
-            steps.append(([(r.trigger, r.key, r.num_nodes) for r in records], len(expanded),
-                          records[-1].replay if records else None))
+
+    def one_step(k):
+        x, y = _batch(k)
+        _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step_keeping(eager, eager_opt, x, y))
+
+    steps = _steps_counting_expansions(monkeypatch, one_step)
     _same_state(model, eager, [(opt, eager_opt)])
-    _check_log(log)
-    whole = [s for s in steps[3:] if s[2] is not None and s[2].recorded == 0]
-    assert len(whole) >= STEPS - 1 and all(n == 0 for _, n, _ in whole), steps
-    assert len({tuple(s[0]) for s in steps[3:]}) == 1, steps  # one executable, one key, the whole graph recorded
+    replayed = _replayed_whole(steps)
+    assert len(replayed) >= STEPS - 1 and all(n == 0 for n in replayed), steps
+    # one executable, one key, its record showing the whole graph
+    assert len({tuple((r.trigger, r.key, r.num_nodes) for r in records) for records, _ in steps[3:]}) == 1, steps
