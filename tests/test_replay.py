@@ -407,6 +407,30 @@ def test_a_replayed_op_keeps_eagers_strides_and_offset(dev):
         assert_same(got, want)
 
 
+
+def test_an_operand_of_the_same_value_laid_out_otherwise_stops_replay_and_keeps_eagers_strides(dev):
+    """`contiguous()` of a transpose is the transpose's value laid out anew (no node): an op that
+    reads it one step and the transpose itself the next reads the same node's output, and only
+    the layout guard tells them apart. The replay stops there, saying so, and each product is laid
+    out as eager lays it out (a transposed input gives a transposed product)."""
+    engine().forget_recordings()
+    x = torch.arange(16.0).reshape(4, 4)
+    lx = x.to(dev)
+    replays = []
+    for k in range(6):
+        made = []
+        for src in (x, lx):
+            v = (src * 2).t()
+            c = v.contiguous()
+            made.append((c if k < 4 else v) * 3)
+        xlakit.mark_step()
+        want, got = made
+        assert (got.shape, got.stride(), got.storage_offset()) == (want.shape, want.stride(), want.storage_offset())
+        assert_same(got, want)
+        replays.append(last().replay)
+    assert replays[3].recorded == 0 and replays[3].replayed > 0, replays
+    assert "now has strides (1, 4), was (4, 1)" in replays[4].why, replays[4]
+
 def _updates_without_labels(a, b, c):
     """Three unlabeled tensors of one shape, each updated from another: only the chains from
     each new value back to its input (stages.updated_from) pair donors with outputs."""

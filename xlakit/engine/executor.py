@@ -33,10 +33,14 @@ _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
 
 
 
+_KEPT = object()  # Engine.register's layout when a tensor keeps its own
+
+
 class Engine:
     def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
         self._tensors: dict[int, LiveValue] = {}
+        self._layouts: dict[int, tuple | None] = {}  # and the layout it was made with (tape.plain_layout)
         self._refs: dict[int, weakref.ref] = {}
         self._ref_keys: dict[int, int] = {}  # id of a reference in _refs -> its key
         self._forget = self._forget  # bound once: every reference's callback
@@ -62,7 +66,7 @@ class Engine:
         # outputs, so no cut would take them; the next sync, whatever it computes, does
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
-        self._tape = tape.Tape(self._tensors)
+        self._tape = tape.Tape(self._tensors, self._layouts)
         # The recorder's two calls for each replayed op, bound to the tape (a call less each):
         # expected_op(op): what the run this one follows recorded at this place, if it was `op`;
         # replayed(expected, args, kwargs, source): the node of `expected`'s recording on these
@@ -73,9 +77,13 @@ class Engine:
         self.profiling: profiling.Profiling | None = None
 
     # -- tensors ------------------------------------------------------------
-    def register(self, tensor: torch.Tensor, value: LiveValue) -> None:
+    def register(self, tensor: torch.Tensor, value: LiveValue, layout=_KEPT) -> None:
+        """`tensor` holds `value` now; a new tensor also gives the layout it was made with
+        (tape.plain_layout), which a tensor given a new value keeps."""
         key = tensor._cdata
         self._tensors[key] = value
+        if layout is not _KEPT:
+            self._layouts[key] = layout
         # one bound callback for every tensor, its key found by the reference's id: no partial
         # and bound method made per tensor (KeyedRef's Python __new__ and __init__ cost ~0.5 µs
         # more), and two objects fewer that a step keeps alive for the cyclic collector
@@ -94,6 +102,7 @@ class Engine:
         if key is not None and self._refs.get(key) is ref:
             del self._refs[key]
             self._tensors.pop(key, None)
+            self._layouts.pop(key, None)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
         return self._tensors[tensor._cdata]

@@ -92,7 +92,8 @@ def _made(state: LiveValue, layout: Layout | None) -> LazyTensor:
     else:
         t = _wrapper(LazyTensor, aval.shape, strides=layout[0], storage_offset=layout[1], dtype=aval.dtype,
                      device=DEVICE)
-    current().register(t, state)
+        layout = tape.plain_layout(aval.shape, layout)
+    current().register(t, state, layout)
     return t
 
 
