@@ -91,6 +91,23 @@ def test_every_op_names_the_lines_its_whole_stack_gives(dev, monkeypatch):
     assert captured == expected
 
 
+def test_a_function_defined_again_with_its_lines_moved_names_its_new_lines(dev):
+    """A walk reads a frame's line once per (code object, instruction offset) (sources._frame_of):
+    a cell run again with lines added above its function makes a new code object in the same file,
+    with the same instructions, perhaps where a dead one lay; each step, recorded or replayed, names
+    the line its own code has, and a function that did not change keeps its line."""
+    x = torch.ones(3).to(dev)
+    kept = {}
+    exec(compile("def g(x):\n    return x + 1\n", "/user/kept_cell.py", "exec"), kept)
+    for blank_lines in (0, 3, 3, 1, 0, 5):
+        space = {}
+        exec(compile("\n" * blank_lines + "def f(x):\n    return x * 2\n", "/user/cell.py", "exec"), space)
+        y = kept["g"](space["f"](x))
+        xlakit.sync([y])
+        lines = {n.op: n.source.user.line for n in xlakit.last_step().graph.nodes}
+        assert lines == {"aten.mul.Tensor": blank_lines + 2, "aten.add.Tensor": 2}, (blank_lines, lines)
+        del space, y
+
 def test_code_of_the_user_has_no_library_line(dev):
     linear = torch.nn.Linear(3, 2).to(dev)
     y = linear(torch.ones(3).to(dev))

@@ -36,13 +36,20 @@ _COUNTERS = ("compiles", "cache_hits", "cache_misses", "persistent_cache_hits",
 _KEPT = object()  # Engine.register's layout when a tensor keeps its own
 
 
+class _Registration(weakref.ref):
+    """A registered tensor's weak reference: its key in the registry (its TensorImpl's address),
+    and the layout it was made with (tape.plain_layout), which the replay's guard reads. Slots
+    set after it is made: no Python __new__ or __init__ (weakref.KeyedRef's cost ~0.5 µs more),
+    and no other dict or object per tensor."""
+
+    __slots__ = ("key", "layout")
+
+
 class Engine:
     def __init__(self, cache: cache_mod.ExecutableCache, persistent_hits: cache_mod.PersistentHits):
         # a registered tensor's value, and a weak reference that forgets it when the tensor dies
         self._tensors: dict[int, LiveValue] = {}
-        self._layouts: dict[int, tuple | None] = {}  # and the layout it was made with (tape.plain_layout)
-        self._refs: dict[int, weakref.ref] = {}
-        self._ref_keys: dict[int, int] = {}  # id of a reference in _refs -> its key
+        self._refs: dict[int, _Registration] = {}
         self._forget = self._forget  # bound once: every reference's callback
         # called before each step marker (the frontend stamps tensor labels), and after one
         # whose step was dropped (the frontend gives host state back): `hook(stopped_at)`, with
@@ -66,7 +73,7 @@ class Engine:
         # outputs, so no cut would take them; the next sync, whatever it computes, does
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
-        self._tape = tape.Tape(self._tensors, self._layouts)
+        self._tape = tape.Tape(self._tensors, self._refs)
         # The recorder's two calls for each replayed op, bound to the tape (a call less each):
         # expected_op(op): what the run this one follows recorded at this place, if it was `op`;
         # replayed(expected, args, kwargs, source): the node of `expected`'s recording on these
@@ -82,27 +89,25 @@ class Engine:
         (tape.plain_layout), which a tensor given a new value keeps."""
         key = tensor._cdata
         self._tensors[key] = value
-        if layout is not _KEPT:
-            self._layouts[key] = layout
-        # one bound callback for every tensor, its key found by the reference's id: no partial
-        # and bound method made per tensor (KeyedRef's Python __new__ and __init__ cost ~0.5 µs
-        # more), and two objects fewer that a step keeps alive for the cyclic collector
-        old = self._refs.get(key)
-        if old is not None:  # registered again: the old reference is dropped, and never calls back
-            self._ref_keys.pop(id(old), None)
-        ref = self._refs[key] = weakref.ref(tensor, self._forget)
-        self._ref_keys[id(ref)] = key
+        ref = self._refs.get(key)
+        if ref is not None:
+            if ref() is tensor:  # registered again: its reference stays
+                if layout is not _KEPT:
+                    ref.layout = layout
+                return
+            ref.key = None  # a dead tensor's, at the same address: its callback forgets nothing
+        ref = self._refs[key] = _Registration(tensor, self._forget)
+        ref.key = key
+        ref.layout = layout  # _KEPT, for a tensor first registered without one, equals no recorded layout
 
-    def _forget(self, ref: weakref.ref) -> None:
+    def _forget(self, ref: _Registration) -> None:
         """A registered tensor died: its value goes now, its buffer with it (kept until the next
         sync, compiled calls' outputs piled up: they make no sync). Called where the tensor dies,
-        in any thread; a tensor registered again has a newer reference, and the old one is
-        forgotten by `register`."""
-        key = self._ref_keys.pop(id(ref), None)
+        in any thread."""
+        key = ref.key
         if key is not None and self._refs.get(key) is ref:
             del self._refs[key]
             self._tensors.pop(key, None)
-            self._layouts.pop(key, None)
 
     def value_of(self, tensor: torch.Tensor) -> LiveValue:
         return self._tensors[tensor._cdata]

@@ -295,11 +295,11 @@ class _Placed(collections.abc.Sequence):
 class Tape:
     """The run being recorded, and the last run each sync began (what a new run is matched against)."""
 
-    def __init__(self, values: dict, layouts: dict):
+    def __init__(self, values: dict, refs: dict):
         self._runs: Memo = Memo(RUNS)  # the sync that began a run -> the last run it began
         self._run = Run(None, None, recording=False)
         self._values = values          # the engine's registry: a tensor's TensorImpl -> its LiveValue
-        self._layouts = layouts        # and -> the layout it was made with (plain_layout)
+        self._refs = refs              # and -> its reference, with the layout it was made with (plain_layout)
 
     def clear(self) -> None:
         self._runs.clear()
@@ -415,7 +415,7 @@ class Tape:
                     return False
             # the layout it was made with (Engine.register): a LazyTensor's stride() and
             # storage_offset() cost 0.3 µs an operand, a tenth of a replayed op
-            if self._layouts.get(key, _MISSING) != expected.layouts_in[slot]:
+            if self._refs[key].layout != expected.layouts_in[slot]:
                 return False
         elif kind == "f" and value.__class__ is float:
             operand = transfer.lifted_scalar(value, expected.avals_in[slot].dtype)
