@@ -108,6 +108,7 @@ def test_a_function_defined_again_with_its_lines_moved_names_its_new_lines(dev):
         assert lines == {"aten.mul.Tensor": blank_lines + 2, "aten.add.Tensor": 2}, (blank_lines, lines)
         del space, y
 
+
 def test_code_of_the_user_has_no_library_line(dev):
     linear = torch.nn.Linear(3, 2).to(dev)
     y = linear(torch.ones(3).to(dev))
