@@ -183,6 +183,32 @@ def test_device_out_of_memory_is_a_clear_error_and_the_session_goes_on(dev):
     assert fresh.cpu().tolist() == [0.0] * 3
 
 
+def test_a_tensor_left_alone_for_steps_keeps_its_name_and_its_value_through_a_failed_step(dev):
+    # markers pass over a value stamped before and unchanged since (tensor.stamp_owners): a name
+    # given again still reaches it, and a failed step that updated it still gives its buffer back
+    w = xlakit.label(torch.ones(3).to(dev), "w")
+    w.mul_(2)
+    xlakit.mark_step()
+    other = torch.ones(2).to(dev)
+    for _ in range(2):
+        other.add_(1)
+        xlakit.mark_step()
+    xlakit.label(w, "renamed")
+    total = (w * other.sum()).sum()
+    xlakit.mark_step()
+    assert "renamed" in [p.label for p in xlakit.last_step().graph.params]
+    w.mul_(3)
+    huge = torch.zeros(2**46, dtype=torch.float32, device=dev)
+    with pytest.raises(StepExecutionError, match="keep their values from before it"):
+        xlakit.mark_step()
+    del huge
+    assert w.cpu().tolist() == [2.0, 2.0, 2.0] and total.item() == 36.0
+    w.add_(1)
+    xlakit.mark_step()
+    assert [d.label for d in xlakit.last_step().donated] == ["renamed"]
+    assert w.cpu().tolist() == [3.0, 3.0, 3.0]
+
+
 def _train(model, opt, batches, *, device=None):
     """AdamW steps on `batches` (inputs, whether the step also makes 256 TiB of activations:
     more than a 64-bit process can map). A step the device could not run is skipped, as eager's

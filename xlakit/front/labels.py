@@ -8,51 +8,40 @@ from __future__ import annotations
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..engine.executor import current
 from .recorder import DEVICE, unwrap
-from .tensor import own, stamp_owners
-
-_NAMES = WeakTensorKeyDictionary()
+from .tensor import own, owner_of, stamp_label, stamp_owners
 
 
 def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
-    """Name a lazy tensor in step records (donation tables, graph inputs)."""
+    """Name a lazy tensor in step records (donation tables, graph inputs); a tensor named again
+    takes the new name, its buffer too."""
     if tensor.device != DEVICE:
         raise ValueError(f"xlakit.label: {name!r} is on {tensor.device}, not on {DEVICE}")
-    _NAMES[tensor] = name
-    own(tensor)
+    own(tensor).label = name
+    value = unwrap(tensor)._state
+    value.label = name
+    if value.data is not None:
+        value.data.label = name
     return tensor
 
 
 def name_if_unnamed(tensor: torch.Tensor, name: str) -> None:
     """Name a tensor that has no name yet, and its current value right away (a
     step may donate that buffer before the next stamp)."""
-    if tensor not in _NAMES:
-        _NAMES[tensor] = name
-        own(tensor)
-        _stamp(tensor, name)
+    owner = own(tensor)
+    if owner.label is None:
+        owner.label = name
+        stamp_label(unwrap(tensor)._state, name)
 
 
 def stamp_if_named(tensor: torch.Tensor) -> None:
     """Give a named tensor's new value its name now, as a step's results get theirs: a value a
     compiled graph computed outside a step, which the next step reads (its donors are paired by name)."""
-    name = _NAMES.get(tensor)
-    if name is not None:
-        _stamp(tensor, name)
-
-
-def _stamp(tensor: torch.Tensor, name: str) -> None:
-    value = unwrap(tensor)._state
-    value.label = name
-    if value.data is not None and value.data.label is None:
-        value.data.label = name
-
-
-def _stamp_labels() -> None:
-    for tensor, name in list(_NAMES.items()):
-        _stamp(tensor, name)
+    owner = owner_of(tensor)
+    if owner is not None and owner.label is not None:
+        stamp_label(unwrap(tensor)._state, owner.label)
 
 
 def _label_optimizer_state(optimizer, args, kwargs) -> None:
@@ -60,15 +49,16 @@ def _label_optimizer_state(optimizer, args, kwargs) -> None:
         return
     for group in optimizer.param_groups:
         for p in group["params"]:
-            owner = _NAMES.get(p)
+            owner = owner_of(p)
+            name = owner and owner.label
             for key, value in optimizer.state.get(p, {}).items():
-                if owner and isinstance(value, torch.Tensor) and value.device == DEVICE \
-                        and value not in _NAMES:
-                    _NAMES[value] = f"{owner}.{key}"
-                    own(value)
+                if name and isinstance(value, torch.Tensor) and value.device == DEVICE:
+                    state = own(value)
+                    if state.label is None:
+                        state.label = f"{name}.{key}"
 
 
 def install() -> None:
-    """Stamp labels and owners before every step marker; name optimizer state after each step."""
-    current().before_step.extend((_stamp_labels, stamp_owners))
+    """Stamp owners and their labels before every step marker; name optimizer state after each step."""
+    current().before_step.append(stamp_owners)
     register_optimizer_step_post_hook(_label_optimizer_state)

@@ -133,11 +133,20 @@ def lazy_values(obj) -> list[LiveValue]:
 # -- owners --------------------------------------------------------------------
 # The user tensors made on the device (.to, torch.tensor), written in place (own_at_write) or named (labels.py):
 # at each step marker each one's current value is stamped with the tensor's
-# id and the buffer the tensor held before it, so that a step that fails a
+# id, its name, and the buffer the tensor held before it, so that a step that fails a
 # check can give a tensor it updated in place its old buffer back
 # (engine/check_results.py). A view written in place is not tracked: a failed step
 # poisons it.
-_OWNED = WeakTensorKeyDictionary()
+class Owner:
+    """An owned tensor's id (the ledger's key for its last computed buffer) and its name."""
+
+    __slots__ = ("id", "label")
+
+    def __init__(self, id_: int):
+        self.id, self.label = id_, None
+
+
+_OWNED: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # tensor -> Owner
 _owner_ids = itertools.count(1)
 # the TensorImpls of _OWNED's tensors as of the last own or stamp: the in-place write path's test
 # before own_at_write, which allocates nothing (each allocation brings Python's collector nearer);
@@ -145,10 +154,16 @@ _owner_ids = itertools.count(1)
 owned_impls: set[int] = set()
 
 
-def own(t: torch.Tensor) -> None:
-    if t not in _OWNED:
-        _OWNED[t] = next(_owner_ids)
+def own(t: torch.Tensor) -> Owner:
+    owner = _OWNED.get(t)
+    if owner is None:
+        owner = _OWNED[t] = Owner(next(_owner_ids))
         owned_impls.add(t._cdata)
+    return owner
+
+
+def owner_of(t: torch.Tensor) -> Owner | None:
+    return _OWNED.get(t)
 
 
 def own_at_write(t: torch.Tensor) -> None:
@@ -161,10 +176,10 @@ def own_at_write(t: torch.Tensor) -> None:
         value = unwrap(t)._state
     except TypeError:  # a fake value, while torch.compile traces: nothing to give back
         return
-    own(t)
+    owner = own(t)
     value.resolve()
     if value.data is not None:
-        current().note_owned(_OWNED[t], value.data)
+        current().note_owned(owner.id, value.data)
 
 
 def note_computed(t: torch.Tensor) -> None:
@@ -172,21 +187,42 @@ def note_computed(t: torch.Tensor) -> None:
     what a step that then fails gives back (engine/check_results.py, values.dropped)."""
     owner = _OWNED.get(t)
     if owner is not None:
-        current().note_owned(owner, unwrap(t)._state.data)
+        current().note_owned(owner.id, unwrap(t)._state.data)
+
+
+def stamp_label(value: LiveValue, label: str) -> None:
+    value.label = label
+    if value.data is not None and value.data.label is None:
+        value.data.label = label
+
+
+def _stamp(value: LiveValue, owner: Owner) -> None:
+    """Give `value`, owner's tensor's value now, its owner, its name and the buffer it replaces."""
+    value.owner = owner.id
+    if owner.label is not None:
+        stamp_label(value, owner.label)
+    if value.data is not None:
+        current().note_owned(owner.id, value.data)
+    else:
+        value.previous = current().owned(owner.id)
 
 
 def stamp_owners() -> None:
+    """Stamp every owned tensor's value (before each step marker). A value stamped before and
+    unchanged since (its owner and name on it, its buffer the ledger's for its tensor) is passed
+    over: in a process with idle models on the device most owned tensors are (4.3 µs a tensor
+    to stamp again, 1.3 µs to pass over)."""
     engine = current()
-    owned = list(_OWNED.items())
+    value_of, owned = engine.value_of, engine.owned
     owned_impls.clear()
-    for t, owner in owned:
+    for t, owner in list(_OWNED.items()):
         owned_impls.add(t._cdata)
-        value = unwrap(t)._state
-        value.owner = owner
-        if value.data is not None:
-            engine.note_owned(owner, value.data)
-        else:
-            value.previous = engine.owned(owner)
+        value = value_of(unwrap(t))
+        data = value.data
+        label = owner.label
+        if data is None or value.owner != owner.id or owned(owner.id) is not data \
+                or label is not None and (value.label != label or data.label is None):
+            _stamp(value, owner)
 
 
 def copy_strides(t: torch.Tensor, memory_format=torch.preserve_format) -> tuple[int, ...]:
