@@ -110,3 +110,21 @@ def test_rerun_copies_a_record_with_the_fields_given(dev):
     assert record.uses != 7 and dataclasses.replace(again, why=("w",)).why == ("w",)
     with pytest.raises(TypeError, match="no field usage"):
         record.rerun(usage=7)
+
+
+def test_a_name_given_again_names_the_buffer_and_a_named_clone_leaves_its_source_s(dev):
+    w = xlakit.label(torch.ones(3).to(dev), "w")
+    w.mul_(2)
+    xlakit.mark_step()
+    snapshot = xlakit.label(w.clone(), "snapshot")  # holds w's buffer until either is written
+    (w * snapshot).sum().item()
+    assert [p.label for p in xlakit.last_step().graph.params] == ["w"]
+    xlakit.label(w, "weight")
+    (w * 3).sum().item()
+    assert [p.label for p in xlakit.last_step().graph.params] == ["weight"]
+    w.add_(1)
+    xlakit.mark_step()
+    record = xlakit.last_step()
+    labels = [p.label for p in record.graph.params]
+    assert "weight" in labels and "snapshot" not in labels and not record.donated  # the clone holds it
+    assert snapshot.cpu().tolist() == [2.0] * 3 and w.cpu().tolist() == [3.0] * 3

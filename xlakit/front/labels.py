@@ -16,13 +16,15 @@ from .tensor import own, owner_of, stamp_label, stamp_owners
 
 def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
     """Name a lazy tensor in step records (donation tables, graph inputs); a tensor named again
-    takes the new name, its buffer too."""
+    takes the new name, and so does its buffer where it had the old one (a buffer it shares with
+    another tensor, a clone's source, keeps that one's)."""
     if tensor.device != DEVICE:
         raise ValueError(f"xlakit.label: {name!r} is on {tensor.device}, not on {DEVICE}")
-    own(tensor).label = name
+    owner = own(tensor)
+    before, owner.label = owner.label, name
     value = unwrap(tensor)._state
     value.label = name
-    if value.data is not None:
+    if value.data is not None and value.data.label in (None, before):
         value.data.label = name
     return tensor
 
