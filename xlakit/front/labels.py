@@ -22,10 +22,7 @@ def label(tensor: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"xlakit.label: {name!r} is on {tensor.device}, not on {DEVICE}")
     owner = own(tensor)
     before, owner.label = owner.label, name
-    value = unwrap(tensor)._state
-    value.label = name
-    if value.data is not None and value.data.label in (None, before):
-        value.data.label = name
+    stamp_label(unwrap(tensor)._state, name, replacing=before)
     return tensor
 
 

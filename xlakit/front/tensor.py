@@ -185,14 +185,16 @@ def own_at_write(t: torch.Tensor) -> None:
 def note_computed(t: torch.Tensor) -> None:
     """An owned tensor's value computed outside a step (a compiled call's output copied into it):
     what a step that then fails gives back (engine/check_results.py, values.dropped)."""
-    owner = _OWNED.get(t)
+    owner = owner_of(t)
     if owner is not None:
         current().note_owned(owner.id, unwrap(t)._state.data)
 
 
-def stamp_label(value: LiveValue, label: str) -> None:
+def stamp_label(value: LiveValue, label: str, replacing: str | None = None) -> None:
+    """Name `value`, and its buffer where that has no name yet (or the name `replacing`): a
+    buffer shared with another tensor (a clone's source) keeps that one's."""
     value.label = label
-    if value.data is not None and value.data.label is None:
+    if value.data is not None and value.data.label in (None, replacing):
         value.data.label = label
 
 
