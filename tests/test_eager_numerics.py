@@ -9,8 +9,8 @@ from conftest import assert_same
 HALF = [torch.float16, torch.bfloat16]
 SCALARS = [65536.0, 1e-8, 1e5, 3.0, -1e-6]
 
-# Each takes (x, y, z, s): three tensors of one half dtype (inputs, not lazy
-# results: XLA may fuse a chain of half ops in float32) and a scalar s.
+# Each takes (x, y, z, s): three tensors of one half dtype (inputs; a chain of
+# half ops: test_a_chain_of_half_ops_rounds_after_every_op_as_eager) and a scalar s.
 SCALAR_OPS = {
     "add": lambda x, y, z, s: x + s,
     "sub": lambda x, y, z, s: x - s,
@@ -58,6 +58,20 @@ def test_half_tensor_with_scalar_outside_its_range(dev, op, dtype):
             else:
                 assert not isinstance(got, RuntimeError), (case, got)
                 assert_same(got, eager, rtol=0, atol=0, equal_nan=True, msg=case)
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_chain_of_half_ops_rounds_after_every_op_as_eager(dev, dtype):
+    """Each op of a chain of half ops, fused in one executable, rounds its result to the half
+    dtype as eager's does. XLA's default drops a rounding between two ops (a bf16 `x + 1e5` read as
+    float32 kept float32's digits: 20 distinct values where eager's rounding gives one)."""
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(0))
+
+    def chain(t):
+        h = t.to(dtype)
+        return [((h + s) * 3 - s / 7).to(torch.float32) for s in SCALARS]  # ops IEEE rounds exactly
+    for got, want, s in zip(chain(x.to(dev)), chain(x), SCALARS):
+        assert_same(got, want, rtol=0, atol=0, equal_nan=True, msg=f"{dtype} {s}")
 
 
 def test_half_times_large_scalar_is_finite(dev):

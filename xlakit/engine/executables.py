@@ -93,7 +93,7 @@ class Executables:
             ranges="ranges" in flags, guard=guard)
         t1 = time.perf_counter()
         hits_before = self.persistent_hits.count
-        compiled = lowered.compile()
+        compiled = to_jax.compile_lowered(lowered)
         t2 = time.perf_counter()
         outcome = Cache.PERSISTENT_HIT if self.persistent_hits.count > hits_before else Cache.MISS
         self.counters["cache_misses"] += 1

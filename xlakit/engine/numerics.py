@@ -60,7 +60,7 @@ class Search:
             lowered, _, self.layout = to_jax.lower(self.graph, self.donors, self.precision, self.placement,
                                                    check=self.check, nans=recording_ranks(self.graph),
                                                    order=Guard(self.graph, self.donors).order)
-            self.compiled = lowered.compile()
+            self.compiled = to_jax.compile_lowered(lowered)
         inputs = list(arguments)
         for root, param in enumerate(self.donors):   # root j took donors[j]'s buffer, and kept its value
             inputs[param] = outputs[root]

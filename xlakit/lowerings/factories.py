@@ -298,18 +298,9 @@ def _fused_multiply_add(a, b, c):
 
 
 def _round_float32(x, dtype):
-    """float32 x rounded (to nearest even) to the precision of dtype (half or
-    bfloat16), still float32. Integer arithmetic on the bits: XLA drops a
-    float32 -> half -> float32 round trip (excess precision) where torch
-    rounds. Half's subnormals and overflow take the conversion."""
-    drop = 13 if dtype == jnp.float16 else 16
-    bits = lax.bitcast_convert_type(x, jnp.uint32)
-    half_ulp = jnp.uint32((1 << (drop - 1)) - 1) + ((bits >> drop) & jnp.uint32(1))
-    y = lax.bitcast_convert_type((bits + half_ulp) & jnp.uint32(~((1 << drop) - 1) & 0xFFFFFFFF), jnp.float32)
-    special = jnp.isnan(x)
-    if dtype == jnp.float16:
-        special = special | (jnp.abs(x) < 2.0 ** -14) | (jnp.abs(x) >= 65520.0)
-    return jnp.where(special, x.astype(dtype).astype(jnp.float32), y)
+    """float32 x rounded to the precision of dtype (half or bfloat16), still float32: kept, as
+    every op's rounding is (to_jax.COMPILER_OPTIONS)."""
+    return x.astype(dtype).astype(jnp.float32)
 
 
 def _scalar_as(value, dtype, compute):

@@ -278,6 +278,18 @@ def lower(graph: Graph, donors: tuple[int, ...], matmul_precision: str,
     return lowered, step_checks, layout
 
 
+# XLA's default lets the compiler drop a rounding between two ops: convert(convert(x, bf16), f32)
+# becomes x (its simplify-fp-conversions pass, on CPU and GPU), and a bf16 or f16 step kept
+# float32's precision where eager rounds after every op (a bf16 `x + 1e5` gave 20 distinct values
+# where eager's rounding gives one). Part of the key through this file's digest (LOWERING_VERSION).
+COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+
+
+def compile_lowered(lowered):
+    """The executable of `lower`'s result, rounded at every op as eager torch rounds."""
+    return lowered.compile(compiler_options=COMPILER_OPTIONS)
+
+
 def matmul_precision() -> str:
     """torch's float32 matmul setting, in JAX's words."""
     with warnings.catch_warnings():  # torch 2.9 nags about its newer TF32 settings
