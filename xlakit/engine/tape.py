@@ -378,7 +378,7 @@ class Tape:
         if value.__class__ is not kind:
             return False
         if kind is float or kind is complex:  # exact: 0.0 == -0.0, yet 1 / x tells them apart
-            return repr(value) == repr(want)
+            return transfer.scalar_key(value) == transfer.scalar_key(want)
         return value == want
 
     def _same_operand(self, value, slot: int, expected: Expected, operands: list) -> bool:
