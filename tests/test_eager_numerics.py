@@ -74,6 +74,19 @@ def test_a_chain_of_half_ops_rounds_after_every_op_as_eager(dev, dtype):
         assert_same(got, want, rtol=0, atol=0, equal_nan=True, msg=f"{dtype} {s}")
 
 
+def test_a_division_by_a_scalar_or_a_broadcast_divisor_gives_eagers_quotient(dev):
+    """XLA makes x / c a product with 1 / c, an ulp off for about a third of all x; a float16
+    tie then rounds the other way (fuzz: 1.5 / 3e-5 in float16 gave 50016, eager 49984)."""
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4096, generator=gen) * 100
+    rows, divisors = torch.randn(64, 32, generator=gen), torch.randn(1, 32, generator=gen) + 3
+    for c in (3.0, 7.0, 0.1, 3e-5, torch.tensor(3.0)):
+        assert_same(x.to(dev) / c, x / c, rtol=0, atol=0, msg=f"x / {c!r}")
+    assert_same(rows.to(dev) / divisors.to(dev), rows / divisors, rtol=0, atol=0)
+    half = torch.tensor([1.5, -1.5, 0.75], dtype=torch.float16)
+    assert_same(half.to(dev) / 3e-5, half / 3e-5, rtol=0, atol=0)
+
+
 def test_half_times_large_scalar_is_finite(dev):
     x = torch.tensor([1e-3, 0.5, 0.0], dtype=torch.float16)
     assert_same((x.to(dev) * 65536.0), x * 65536.0)

@@ -364,8 +364,8 @@ def test_random_loops_replayed_after_a_change_match_eager(dev, seed, program, ch
         before = [t.cpu() for t in lazy]  # reads of computed values record no op: the run still replays
         # each step from the state xlakit's last step left, eager's strides kept: a step is held to
         # its own rounding, not to the drift of the steps before it, which a later half cast or
-        # cancellation amplifies past any tolerance (an XLA division is a multiply by the
-        # reciprocal, an ulp off eager's; the next step's bf16 cast of it moved to the next value)
+        # cancellation amplifies past any tolerance (an XLA function an ulp off eager's, as its
+        # division by a scalar was: the next step's bf16 cast of it moved to the next value)
         with torch.no_grad():
             for e, b in zip(eager, before):
                 e.copy_(b)
