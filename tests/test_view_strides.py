@@ -189,6 +189,10 @@ def test_a_host_tensor_moved_to_the_device_and_back_is_laid_out_as_eager_copies_
     assert moved.stride() == want
     assert x.to(dev, torch.float64).stride() == want and torch.as_tensor(x, device=dev).stride() == want
     assert x.to(dev, memory_format=torch.contiguous_format).stride() == x.contiguous().stride()
+    if x.dim() == 4:  # a copy to the device in a memory format: eager's copy in it (on the host the same)
+        channels_last = x.to(dev, torch.float64, memory_format=torch.channels_last)
+        want_cl = x.to(torch.float64, memory_format=torch.channels_last)
+        assert channels_last.stride() == want_cl.stride() and torch.equal(channels_last.cpu(), want_cl)
     back = moved.cpu()
     buffer = io.BytesIO()
     torch.save(moved, buffer)
