@@ -254,3 +254,26 @@ def test_activation_checkpointing_recomputes_on_the_device(dev, reentrant):
     for plain, recomputed in zip(*grads):
         torch.testing.assert_close(recomputed, plain, **TOL)
     assert xlakit.metrics()["fallbacks"] == 0
+
+
+def test_every_module_registered_into_a_hooked_tree_gets_xlakit_hooks(dev):
+    """A module registered in a hooked module is hooked, and so are a new container a hooked
+    module is registered in (a ModuleList slice, which transformers models make at every call)
+    and that container's other submodules: each names its ops by its path, and its gradients
+    keep no view bases."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU()).to(dev)
+    model.append(nn.Sequential(nn.Linear(4, 4)).to(dev))  # made apart, registered into a hooked module
+    model[2].append(nn.Identity())  # no tensors: hooked as a hooked module's submodule
+    plain = nn.Linear(4, 4)  # on the CPU: not hooked until it joins a hooked module's container
+    holder = nn.ModuleList([plain])
+    holder.append(model[0])
+    sliced = model[:3]  # a new Sequential holding hooked modules
+    for m in (*model.modules(), holder, plain, sliced):
+        assert any(h is xlakit.front.modules._on_call for h in m._forward_pre_hooks.values()), m
+    x = torch.randn(3, 4).to(dev)
+    xlakit.mark_step()
+    sliced(x).sum().backward()
+    xlakit.mark_step()
+    assert {"0", "2.0"} <= {n.module for n in xlakit.last_step().graph.nodes}
+    assert xlakit.last_step().num_outputs == 4  # the 4 gradients, no view base of one
