@@ -286,6 +286,16 @@ def test_each_donor_is_updated_in_place(dev):
     assert [_buffer_address(t) for t in state] == before
 
 
+def test_a_training_loops_first_step_is_the_graph_its_later_steps_run(dev):
+    # a parameter uploaded fresh and then updated in place must not make the first step's
+    # graph another one than the next steps' (its views replayed otherwise): one compile, not two
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 8)).to(dev)
+    x = torch.randn(8, 16).to(dev)
+    _, records = programs.sgd_steps(model, x, 3, lambda: (xlakit.mark_step(), xlakit.last_step())[1])
+    assert [r.cache for r in records[1:]] == ["hit", "hit"], [r.why for r in records]
+
+
 def test_steps_dispatched_ahead_agree_with_eager(dev, monkeypatch):
     # Tracing runs ahead of execution; every read still sees its own step's values.
     monkeypatch.setattr(xlakit.config, "wait_for_execution", False)

@@ -66,6 +66,11 @@ def _to_copy_from_host(self, *, dtype=None, layout=None, device=None, pin_memory
     ~170 µs, where JAX's device_put takes ~30 (a transformers cache makes two each layer and step)."""
     value = self if dtype is None or dtype == self.dtype else self.to(dtype)
     copy = _wrapping()(from_host(value, strides=copy_strides(self, memory_format or torch.preserve_format)))
+    if torch._is_functional_tensor(copy):
+        # as written by copy_: else a parameter's first in-place update changes how
+        # functionalization replays its views, and a training loop's first step is a graph of
+        # its own (one compile more: tests/spmd_cases.py's torch_xla comparison)
+        torch._functionalize_commit_update(copy)
     own(copy)  # a user's tensor from the start, as torch.tensor's (front/tensor.py's owners)
     return copy
 
