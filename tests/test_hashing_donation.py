@@ -296,6 +296,24 @@ def test_a_training_loops_first_step_is_the_graph_its_later_steps_run(dev):
     assert [r.cache for r in records[1:]] == ["hit", "hit"], [r.why for r in records]
 
 
+def test_empty_tensors_share_one_buffer_that_no_step_donates(dev):
+    # An upload of no elements shares one buffer per shape and dtype (a transformers cache makes
+    # two a layer at every call). A step that writes one in place must not donate it: the other
+    # tensors holding that buffer would lose their value.
+    a = torch.tensor([], device=dev)
+    b = torch.zeros(0).to(dev)
+    c = torch.empty(2, 0).to(dev, torch.float64)  # another shape and dtype: a buffer of its own
+    xlakit.mark_step()
+    a.add_(1.0)
+    c.mul_(2.0)
+    xlakit.mark_step()
+    assert xlakit.last_step().donated == ()
+    keys = torch.randn(3)
+    grown = torch.cat([b, keys.to(dev)])
+    assert torch.equal(grown.cpu(), keys) and b.cpu().shape == (0,) and a.cpu().shape == (0,)
+    assert c.cpu().shape == (2, 0) and c.dtype == torch.float64
+
+
 def test_steps_dispatched_ahead_agree_with_eager(dev, monkeypatch):
     # Tracing runs ahead of execution; every read still sees its own step's values.
     monkeypatch.setattr(xlakit.config, "wait_for_execution", False)

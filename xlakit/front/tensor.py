@@ -239,10 +239,9 @@ def copy_strides(t: torch.Tensor, memory_format=torch.preserve_format) -> tuple[
 def from_host(t: torch.Tensor, *, label: str | None = None, strides: tuple[int, ...] | None = None) -> LazyTensor:
     """The device copy keeps a dense host tensor's strides, as eager's copies between devices do
     (or takes `strides`: a copy's to a memory format)."""
-    aval = Aval(tuple(t.shape), t.dtype)
-    data = DeviceData(transfer.to_device(t), aval, label=label)
+    data = transfer.uploaded(t, label=label)
     transfer.keep_host_copy(data, t)
-    return new_tensor(aval, data=data, layout=(copy_strides(t) if strides is None else strides, 0))
+    return new_tensor(data.aval, data=data, layout=(copy_strides(t) if strides is None else strides, 0))
 
 
 def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
