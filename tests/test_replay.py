@@ -475,3 +475,14 @@ def test_a_replayed_marker_donates_as_a_fresh_cut_does_without_walking_the_chain
     assert len(fresh.donated) == 3
     for replayed, _ in records[3:]:
         assert (replayed.key, replayed.donated, replayed.donation_note) == (fresh.key, fresh.donated, fresh.donation_note)
+
+
+def test_a_python_scalar_is_checked_against_the_dtype_its_op_has_now(dev):
+    """A replayed op's Python scalars are checked once its tensors matched the recording: the same
+    ops on bfloat16 after a run recorded on float16 check 65536 against bfloat16's range, which
+    holds it, not float16's, which does not (an upload records no op: the clamp is the run's first)."""
+    for dtype, bound in ((torch.float16, 1.0),) * 3 + ((torch.bfloat16, 65536.0),):
+        x = torch.tensor([0.5, -7e4 if dtype is torch.bfloat16 else -2.0], dtype=dtype)
+        got = x.to(dev).clamp(-bound, bound).cpu()
+        xlakit.mark_step()
+        assert torch.equal(got, x.clamp(-bound, bound)), dtype

@@ -74,11 +74,13 @@ class Engine:
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
         self._tape = tape.Tape(self._tensors, self._refs)
-        # The recorder's two calls for each replayed op, bound to the tape (a call less each):
+        # The recorder's three calls for each replayed op, bound to the tape (a call less each):
         # expected_op(op): what the run this one follows recorded at this place, if it was `op`;
-        # replayed(expected, args, kwargs, source): the node of `expected`'s recording on these
-        # arguments (recorded at `source`), if they match it; else None.
+        # matched(expected, args, kwargs, check): the operands of its node on these arguments, if
+        # they match it (and pass `check`), else None; replayed(expected, operands, source): that
+        # node, recorded at `source`.
         self.expected_op = self._tape.expected
+        self.matched = self._tape.match
         self.replayed = self._tape.replay
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
         self.profiling: profiling.Profiling | None = None

@@ -187,7 +187,7 @@ def plan(cut: Cut, live, *, full: bool, donate: bool) -> Plan:
     if still_read:
         reasons.append(f"{still_read} input(s) still referenced by live tensors")
     if read_only:
-        reasons.append(f"{read_only} read-only input(s) (constants, scalars, empty tensors)")
+        reasons.append(f"{read_only} read-only input(s) (constants, scalars)")
     if unpaired:
         reasons.append(f"{unpaired} input(s) with no output of the same shape and dtype to reuse the buffer")
     planned = dataclasses.replace(graph, roots=[graph.roots[k] for k in order])

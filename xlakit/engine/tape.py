@@ -327,13 +327,9 @@ class Tape:
             return None
         return expected
 
-    def replay(self, expected: Expected, args, kwargs, source) -> Node | None:
-        """The node of `expected`'s op on these arguments, recorded as replayed, if they match
-        it; else None (and the run records from here on, saying why). One call per replayed
-        op: the replayed op's Python is the step's, ~13 µs an op before (bench/tracing.py)."""
-        operands = self.match(expected, args, kwargs)
-        if operands is None:
-            return None
+    def replay(self, expected: Expected, operands: tuple, source) -> Node:
+        """The node of `expected`'s op on `operands` (what `match` gave), recorded as replayed.
+        The replayed op's Python is the step's, ~12 µs an op (bench/tracing.py)."""
         node = Node(expected.op, operands, expected.template, expected.avals, source, expected.signature)
         run = self._run
         run.ops += 1
@@ -349,9 +345,31 @@ class Tape:
         run.recorded.append(expected)
         return node
 
-    def match(self, expected: Expected, args, kwargs) -> tuple | None:
+    def match(self, expected: Expected, args, kwargs, check=None) -> tuple | None:
         """The operands of the new node when (args, kwargs) match `expected`, else None
-        (and the run records from here on, saying why)."""
+        (and the run records from here on, saying why). `check(aval)`: what a fresh record
+        checks against the op's first output (its Python scalars), run once the operands say
+        that output is the recorded one; what it raises leaves the run as it found it."""
+        if check is None:
+            return self._matched(expected, args, kwargs)
+        inputs = len(self._run.inputs)
+        operands = self._matched(expected, args, kwargs)
+        if operands is not None:
+            try:
+                check(expected.avals[0])
+            except BaseException:
+                self._forget_inputs(inputs)
+                raise
+        return operands
+
+    def _forget_inputs(self, count: int) -> None:
+        """Forget the run's inputs after its first `count` (met by an op that then raised)."""
+        run = self._run
+        for data in list(run.inputs)[count:]:
+            del run.inputs[data]
+        del run.input_avals[count:]
+
+    def _matched(self, expected: Expected, args, kwargs) -> tuple | None:
         template_args, template_kwargs = expected.template
         if len(args) != len(template_args) or len(kwargs) != len(template_kwargs):
             return self._mismatch(expected, "now has other arguments")

@@ -149,10 +149,12 @@ def _record(func, args, kwargs, info=None):
     engine = current()
     expected = engine.expected_op(func) if id(func) not in verdicts.FAILED else None
     if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
-        if info.checked_scalars:  # its Python scalars are inputs, not constants: checked by value, as a fresh record's
-            scalar_checks.check(func, info, args, kwargs, expected.avals[0])
-        node = engine.replayed(expected, args, kwargs, sources.capture(_OWN_FRAMES))
-        if node is not None:
+        # its Python scalars are inputs, not constants: checked by value, as a fresh record's, against the
+        # output's dtype once its operands matched (a bfloat16 clamp after float16's was checked as float16's)
+        operands = engine.matched(expected, args, kwargs, (lambda aval: scalar_checks.check(
+            func, info, args, kwargs, aval)) if info.checked_scalars else None)
+        if operands is not None:
+            node = engine.replayed(expected, operands, sources.capture(_OWN_FRAMES))
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
     template, tensors, signature = op_shapes.split(func, info, args, kwargs)
