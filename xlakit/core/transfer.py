@@ -25,7 +25,7 @@ def to_device(t: torch.Tensor) -> jax.Array:
 
 # One buffer per shape and dtype of no elements, shared by every upload of one: a transformers
 # cache uploads two empty tensors a layer at every call of the model (~0.2 ms each in a step).
-_EMPTY: dict[tuple, jax.Array] = PROCESS.memo("core.transfer: empty buffers", 256,
+_EMPTY: dict[Aval, jax.Array] = PROCESS.memo("core.transfer: empty buffers", 256,
                                               "one device buffer per (shape, dtype) of no elements, shared")
 
 
