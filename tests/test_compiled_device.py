@@ -385,6 +385,70 @@ def test_compiled_training_step_matches_eager(dev, name, opt_name):
     assert not _failures(log)
 
 
+class _Block(torch.nn.Module):
+    """Chains of pointwise ops and a norm between matmuls: what a default split saves for backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.norm, self.down = torch.nn.Linear(8, 32), torch.nn.LayerNorm(32), torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        h = self.norm(torch.nn.functional.gelu(self.up(x)))
+        return torch.softmax(self.down(h * torch.sigmoid(h)), dim=-1)
+
+
+def _computed_outputs(gm: torch.fx.GraphModule) -> int:
+    """How many of a graph's outputs it computes (not an input passed through)."""
+    outputs = xlakit.integrations.fx_interpreter.flatten(gm.graph.output_node().args[0])
+    return sum(isinstance(o, torch.fx.Node) and o.op != "placeholder" for o in outputs)
+
+
+def _block_trained(dev, monkeypatch, partition) -> tuple[int, tuple]:
+    """_Block's AdamW step compiled, its backward split off by `partition`, three steps checked against
+    eager: (how many activations its forward returns past the loss, the last step's cost and peak memory)."""
+    from xlakit.integrations import dynamo
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(dynamo, "_recomputing_partition", partition)
+    forwards, compile_fx = [], dynamo._compile_fx
+
+    def spied(gm, example_inputs, *, forward, training):
+        if forward and training:
+            forwards.append(gm)
+        return compile_fx(gm, example_inputs, forward=forward, training=training)
+    monkeypatch.setattr(dynamo, "_compile_fx", spied)
+    torch.manual_seed(0)
+    eager = _Block()
+    model = copy.deepcopy(eager).to(dev)
+    eager_opt, opt = OPTIMIZERS["adamw"](eager.parameters()), OPTIMIZERS["adamw"](model.parameters())
+    compiled = torch.compile(train_step, backend="xlakit")
+    x, target, loss = torch.randn(16, 8), torch.randn(16, 8), torch.nn.functional.mse_loss
+    for _ in range(3):
+        before = len(xlakit.steps())
+        assert_same(compiled(model, opt, (x.to(dev),), target.to(dev), loss).detach(),
+                    train_step(eager, eager_opt, (x,), target, loss), **TOL)
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q, **TOL)
+    record, = xlakit.steps()[before:]
+    assert len(forwards) == 1, forwards
+    return _computed_outputs(forwards[0]) - 1, (record.cost.flops, record.cost.bytes_accessed, record.memory.peak)
+
+
+def test_a_compiled_training_steps_backward_recomputes_its_forward_at_no_cost_in_its_executable(dev, monkeypatch):
+    """The backward of a training graph on the device recomputes its forward (dynamo._recomputing_partition):
+    the forward returns only the loss, not the activations AOTAutograd's default split saves (each a tensor
+    made at every call), and the one executable of forward, backward and optimizer has the default split's
+    FLOPs, bytes and peak memory (XLA merges the recomputed ops with the forward's); values are eager's."""
+    from torch._functorch.partitioners import default_partition
+
+    from xlakit.integrations import dynamo
+
+    saved, cost = _block_trained(dev, monkeypatch, dynamo._recomputing_partition)
+    saved_by_default, default_cost = _block_trained(dev, monkeypatch, default_partition)
+    assert saved == 0 and saved_by_default > 0, (saved, saved_by_default)
+    assert cost == default_cost
+
+
 @pytest.mark.parametrize("sync", ["mark_step", "item"])
 def test_a_compiled_model_trained_by_a_lazy_optimizer_joins_the_lazy_step(dev, sync):
     # the model's forward and backward graphs wait for the step, and torch's optimizer runs

@@ -9,6 +9,8 @@ the graph updates in place (compiled_call.py, engine/compiled.py); the graphs of
 (AOTAutograd's forward and backward, then an optimizer's graph fed pending gradients)
 are recorded again into the lazy step instead, which the optimizer's graph ends: one
 executable per step (compiled_call.CompiledCall.joins);
+the backward of a training graph recomputes its forward rather than being handed its
+activations (_recomputing_partition: XLA merges the two in the step's executable);
 random draws (dropout's noise, rand_like) are drawn again at each call by
 torch's CPU generator, in the traced order, as the lazy path draws them;
 otherwise (ops with no lowering, data-dependent syncs, a draw that is an
@@ -28,8 +30,10 @@ import weakref
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._functorch._aot_autograd.descriptors import InputMutationAOTOutput, MetadataMutationAOTOutput
 from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import default_partition, min_cut_rematerialization_partition
 
 from ..core import sources, transfer
 from ..core.record import Trigger
@@ -226,9 +230,10 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
             direct.append((run, updated))
         return make_boxed_func(run)
 
+    joined = any(isinstance(x, torch.Tensor) and x.device == DEVICE for x in (*held, *example_inputs))
     with autocast.in_traced_graphs():  # an autocast region inside the graph casts as in eager
-        compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False),
-                                inference_compiler=inference)(gm, example_inputs)
+        compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False), inference_compiler=inference,
+                                partition_fn=_recomputing_partition if joined else default_partition)(gm, example_inputs)
     # inputs in lists reach the graph flattened by AOTAutograd
     if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return compiled
@@ -262,6 +267,28 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         return outputs[len(updated):]
 
     return call
+
+
+def _recomputing_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """AOTAutograd's split of a training graph into forward and backward, the backward saving
+    nothing but the graph's inputs and recomputing the rest. On the device both graphs join one
+    lazy step (compiled_call.CompiledCall.joins), so XLA's common-subexpression pass merges each
+    recomputed op with the forward's own: the step's FLOPs, bytes and peak memory stay those of
+    the default split (bench/RESULTS.md), while the forward returns no saved activations, each of
+    which was a tensor made, registered and handed to autograd at every call (a Llama step's
+    Python 21 -> 15 ms). A graph with a random op keeps the default split: recomputed, its draw
+    would be another than the forward's; so does a graph that updates an input (BatchNorm's running
+    statistics): the backward would recompute from the updated value, and autograd refuses a saved
+    input whose version moved. What it costs: a backward run in another step than its forward (a
+    step marker between them) computes the forward again; a graph on the host, run as executables of
+    its own, keeps the default split (xlakit_backend)."""
+    # what each output of the joint graph is (AOTAutograd's descriptors): an updated input's new value among them?
+    outputs = joint.graph.output_node().meta.get("desc")
+    if outputs is None or any(isinstance(d, (InputMutationAOTOutput, MetadataMutationAOTOutput)) for d in outputs) \
+            or any(torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()) for node in joint.graph.nodes):
+        return default_partition(joint, joint_inputs, **kwargs)
+    with torch._functorch.config.patch(activation_memory_budget=0.0):  # 0: save the inputs alone
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
 
 
 def _computed_on_host(t: torch.Tensor) -> torch.Tensor:
