@@ -1,4 +1,5 @@
 """Real PyTorch programs on the lazy engine, compared with eager torch."""
+import contextlib
 import copy
 
 import pytest
@@ -230,6 +231,56 @@ def test_gradients_do_not_keep_view_bases_alive(dev):
     opt.step()
     xlakit.mark_step()
     assert xlakit.last_step().num_outputs == 8  # 4 parameters, 4 gradients
+
+
+def test_a_moved_modules_parameters_are_the_moved_tensors_not_views_of_them(dev):
+    """module.to(device) makes each Parameter around the moved tensor, not a `detach` view of it
+    (front/modules._parameters_as_moved: a view replayed itself through dispatch at every in-place
+    write); ties, gradients, requires_grad and training stay eager's."""
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    eager[2].weight = eager[0].weight  # tied, as a language model's embedding and head
+    eager[2].bias.requires_grad_(False)
+    x = torch.randn(3, 4)
+    model = copy.deepcopy(eager)
+    eager(x).sum().backward()
+    model(x).sum().backward()  # gradients made before the move move with it
+    model = model.to(dev)
+    assert all(type(p) is nn.Parameter and torch._is_functional_tensor_base(p) for p in model.parameters())
+    assert model[2].weight is model[0].weight and not model[2].bias.requires_grad
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None)
+        if q.grad is not None:
+            assert_same(p.grad, q.grad, **TOL)
+    dispatched = []
+    with torch.no_grad(), _dispatched(dispatched):
+        model[0].weight.mul_(0.5)
+    assert dispatched == ["aten.mul.Tensor"], dispatched  # no view replayed around the write
+    eager_opt, opt = torch.optim.AdamW(eager.parameters(), lr=0.1), torch.optim.AdamW(model.parameters(), lr=0.1)
+    with torch.no_grad():
+        eager[0].weight.mul_(0.5)
+    for _ in range(3):
+        eager_opt.step(), opt.step()
+        eager_opt.zero_grad(), opt.zero_grad()
+        eager(x).sum().backward(), model(x.to(dev)).sum().backward()
+        xlakit.mark_step()
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p, q.detach(), **TOL)
+
+
+@contextlib.contextmanager
+def _dispatched(ops: list):
+    """Each aten op the lazy device records inside the block, by name."""
+    from xlakit.front import recorder, tensor
+
+    def spy(func, args, kwargs):
+        ops.append(str(func))
+        return recorder.dispatch(func, args, kwargs)
+    tensor.set_dispatcher(spy)
+    try:
+        yield
+    finally:
+        tensor.set_dispatcher(recorder.dispatch)
 
 
 @pytest.mark.parametrize("reentrant", [False, True])

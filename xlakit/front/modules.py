@@ -197,10 +197,32 @@ def _apply(apply):
             result = apply(self, once, recurse)
         finally:
             _MOVING.active = False
+        _parameters_as_moved(before, memo)
         _retie(before)
         _hook_if_on_device(self)
         return result
     return wrapper
+
+
+def _parameters_as_moved(before, memo: dict[int, tuple]) -> None:
+    """Each Parameter that `_apply` made on the device around a moved tensor is that tensor itself. torch
+    makes it with `Parameter(moved)`, whose `_make_subclass` detaches it: under functionalization a
+    `detach` view of a base nothing else holds, and every in-place write to the parameter then replayed
+    that view twice through Python dispatch (a lazy Llama AdamW step: 175 of its 1721 ops). The moved
+    tensor, private to this call, becomes the Parameter instead (its class set, as `_make_subclass`
+    sets the new tensor's), keeping the gradient torch moved. `memo`: per moved tensor's id, (it, what
+    it became); a Parameter subclass (quantized weights' own) is left as torch made it."""
+    for store, name, old in before:
+        new, moved = store.get(name), memo.get(id(old))
+        if moved is None or type(new) is not torch.nn.Parameter or new is moved[1]:
+            continue
+        base = moved[1]
+        if type(base) is torch.Tensor:  # its first slot; a tensor in several slots is made a Parameter once
+            grad, base.requires_grad = new.grad, new.requires_grad
+            base.__class__ = torch.nn.Parameter
+            base.grad = grad
+        if type(base) is torch.nn.Parameter:
+            store[name] = base
 
 
 class _Moving(threading.local):
