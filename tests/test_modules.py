@@ -266,6 +266,9 @@ def test_a_moved_modules_parameters_are_the_moved_tensors_not_views_of_them(dev)
         xlakit.mark_step()
     for p, q in zip(model.parameters(), eager.parameters()):
         assert_same(p, q.detach(), **TOL)
+    weight = model[0].weight
+    model.to(torch.float64)  # a move on the device sets each parameter's data: the same objects, as in eager
+    assert model[0].weight is weight and weight.dtype == torch.float64
 
 
 @contextlib.contextmanager

@@ -214,7 +214,8 @@ def _parameters_as_moved(before, memo: dict[int, tuple]) -> None:
     it became); a Parameter subclass (quantized weights' own) is left as torch made it."""
     for store, name, old in before:
         new, moved = store.get(name), memo.get(id(old))
-        if moved is None or type(new) is not torch.nn.Parameter or new is moved[1]:
+        # `new is old`: torch set its data (a tensor already on the device, given a new dtype), as eager does
+        if moved is None or new is old or type(new) is not torch.nn.Parameter or new is moved[1]:
             continue
         base = moved[1]
         if type(base) is torch.Tensor:  # its first slot; a tensor in several slots is made a Parameter once
