@@ -99,8 +99,8 @@ def _patched(clock: _Clock):
                (dynamo, "_copy_in", clock.timed("xlakit copy-in and step counts", dynamo._copy_in), False),
                (dynamo, "_computed_on_host", clock.timed("xlakit copy-in and step counts", dynamo._computed_on_host),
                 False),
-               (compiled_call, "keep_on_device", clock.timed("xlakit copy-in and step counts",
-                                                             compiled_call.keep_on_device), False),
+               (compiled_call, "took_on_host", clock.timed("xlakit copy-in and step counts",
+                                                           compiled_call.took_on_host), False),
                (executor.Engine, "sync", clock.timed("step marker", executor.Engine.sync), False),
                (executor.Engine, "_run", clock.timed(EXECUTABLE, executor.Engine._run), False),
                # autograd's engine, below `Tensor.backward`: Dynamo, which breaks its graph at that call, would

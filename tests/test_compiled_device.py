@@ -506,6 +506,28 @@ def test_a_step_count_written_between_compiled_steps_is_read_anew(dev, write):
     assert [s["step"].item() for s in opts[1].state.values()] == [s["step"].item() for s in opts[0].state.values()]
 
 
+def test_step_counts_stay_the_host_tensors_eager_keeps_each_counted_once_a_step(dev):
+    # each new count is written into the host tensor AdamW keeps, as eager's `step += 1` writes it:
+    # the same tensor, its dtype, its version counted once a step; read from the step's own result,
+    # which syncs nothing (one execution a step)
+    eager, model, _, x = _compiled_mlp(dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-6) for m in (eager, model)]
+    y = torch.randn(x.shape[0], 4)
+    compiled = torch.compile(train_step, backend="xlakit")
+    for step in range(STEPS):
+        before = len(xlakit.steps())
+        got = compiled(model, opts[1], (x.to(dev),), y.to(dev), torch.nn.functional.mse_loss)
+        executions = len(xlakit.steps()) - before
+        want = train_step(eager, opts[0], (x,), y, torch.nn.functional.mse_loss)
+        assert_same(got.detach(), want.detach(), **TOL)
+        if step == 0:
+            counts = [s["step"] for s in opts[1].state.values()]
+    assert executions == 1
+    assert all(s["step"] is c for s, c in zip(opts[1].state.values(), counts))
+    assert [(c.device, c.dtype, c.item(), c._version) for c in counts] == \
+        [(s["step"].device, s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[0].state.values()]
+
+
 def _amp_step(model, optimizer, x, y, whole):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)

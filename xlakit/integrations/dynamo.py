@@ -262,8 +262,8 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
             current().sync(trigger=Trigger.COMPILED, source=sources.user_line())
         for original, new in on_host:  # step counts: computed by that step, read after it
-            _copy_in(original, _computed_on_host(new))
-            compiled_call.keep_on_device(original, new)
+            if not compiled_call.took_on_host(original, new):
+                _copy_in(original, _computed_on_host(new))
         return outputs[len(updated):]
 
     return call
@@ -292,8 +292,7 @@ def _recomputing_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
 
 
 def _computed_on_host(t: torch.Tensor) -> torch.Tensor:
-    """A device tensor already computed, on the host: read directly (`.cpu()` would sync,
-    and a step ends by reading dozens of step counts)."""
+    """A device tensor already computed, on the host: read directly (`.cpu()` would sync)."""
     if t.device != DEVICE:
         return t
     value = unwrap(t)._state
