@@ -199,11 +199,10 @@ def plan(entry, graph, placeholder_data, output_values, updated: list, draws: li
 def took_on_host(host: torch.Tensor, new: torch.Tensor) -> bool:
     """Give `host`, a 0-d host input the step updated (an optimizer's step count), the value `new`
     (the graph's output for it, on the device, computed by the step that just ended): read directly
-    (no sync; a scalar is whole in every process) and written as a number, its device value kept for
-    the next step to read instead of uploading the host tensor (_on_device). A step ends by reading
-    dozens of step counts: 22 µs each in a Llama step here, where a copy through a host tensor took
-    61 (bench/RESULTS.md). False where it is not such a case; the caller then copies `new` in as
-    AOTAutograd would."""
+    (no sync; a scalar is whole in every process) and written as a number, not copied through a new
+    host tensor (bench/RESULTS.md, tenth round); its device value kept for the next step to read
+    instead of uploading the host tensor (_on_device). False where it is not such a case; the caller
+    then copies `new` in as AOTAutograd would."""
     if new.device != DEVICE or host.dim() != 0 or host.requires_grad or host.device.type != "cpu":
         return False
     state = unwrap(new)._state
@@ -212,18 +211,29 @@ def took_on_host(host: torch.Tensor, new: torch.Tensor) -> bool:
     if data is None:
         return False
     host.fill_(np.asarray(data.array).item())
-    kept = _ON_DEVICE.get(id(host))
-    ref = kept[0] if kept is not None and kept[0]() is host else weakref.ref(host)
+    kept = _kept(host)
     # read-only: no step donates it, the next one reads it
-    _ON_DEVICE[id(host)] = (ref, repr(host.item()), DeviceData(data.array, data.aval, read_only=True))
+    _ON_DEVICE[id(host)] = (kept[0] if kept else weakref.ref(host), _exact(host),
+                            DeviceData(data.array, data.aval, read_only=True))
     return True
 
 
 def _on_device(host: torch.Tensor, aval: Aval) -> DeviceData | None:
     """The device value kept for this host tensor, if the host tensor still holds that value:
-    compared by value (exactly, as repr tells floats apart), so any way of writing it counts."""
-    kept = _ON_DEVICE.get(id(host))
+    compared by value, so any way of writing it counts."""
+    kept = _kept(host)
     if kept is None:
         return None
-    ref, value, data = kept
-    return data if ref() is host and data.aval == aval and repr(host.item()) == value else None
+    _, value, data = kept
+    return data if data.aval == aval and _exact(host) == value else None
+
+
+def _kept(host: torch.Tensor) -> tuple | None:
+    """What _ON_DEVICE keeps for this host tensor (not for a dead one whose id it reuses), or None."""
+    kept = _ON_DEVICE.get(id(host))
+    return kept if kept is not None and kept[0]() is host else None
+
+
+def _exact(host: torch.Tensor) -> str:
+    """A 0-d host tensor's value, exactly: repr tells floats apart (-0.0 from 0.0)."""
+    return repr(host.item())
