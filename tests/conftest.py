@@ -16,8 +16,14 @@ os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-c
 # key read it, so no executable crosses between the two settings. The notebooks' kernels do not
 # get it (pytest_runtest_setup below): they compile and profile as a user's kernel does (under it,
 # notebooks/05's profile check failed on jax 0.7.2).
+# --xla_cpu_enable_fast_math=false is XLA's default, and the flag that importing torch_xla appends
+# where it is not set: stated here, every column's flags are the same whether torch_xla is installed
+# or not, and so is JAX's cache key (it hashes XLA_FLAGS), so the latest column loads from CI's
+# shared disk cache what `make test` compiled where torch 2.13 lowered the same program (a small
+# Llama's training step: 2.7 s compiled, 0.34 s loaded).
 USER_XLA_FLAGS = os.environ.get("XLA_FLAGS")
-os.environ["XLA_FLAGS"] = f"--xla_backend_optimization_level=0 {USER_XLA_FLAGS or ''}".strip()
+SUITE_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_enable_fast_math=false"
+os.environ["XLA_FLAGS"] = f"{SUITE_XLA_FLAGS} {USER_XLA_FLAGS or ''}".strip()
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
