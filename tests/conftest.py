@@ -91,6 +91,19 @@ def pytest_runtest_setup(item):
         os.environ["XLA_FLAGS"] = suite_flags
 
 
+@pytest.fixture
+def no_disk_cache():
+    """For a test that counts compiles: the disk cache off while it runs, so no executable that
+    another run stored loads instead of a compile (CI's columns share one cache dir, and with the
+    same jax a program compiled in one loads in the next; so would a developer's XLAKIT_CACHE_DIR)."""
+    from xlakit.config import default_cache_dir
+    from xlakit.engine import cache
+
+    cache.enable_persistent_cache(None)
+    yield
+    cache.enable_persistent_cache(default_cache_dir())
+
+
 @pytest.fixture(scope="module")
 def shell():
     """A real IPython shell with xlakit's magics loaded (the notebook tests drive it)."""

@@ -71,3 +71,31 @@ def test_an_executable_stored_by_other_lowering_code_is_not_loaded(new_python, t
     assert changed != source
     lowering.write_text(changed)
     assert _run(new_python, tmp_path / "cache", program) == ["miss", "1.0", "2.0"]
+
+
+
+def test_the_cache_dir_set_again_in_a_running_process_is_followed(dev, tmp_path):
+    """JAX decides once a process whether it uses its disk cache, and where: set again, xlakit's
+    executables and JAX's own entries both follow the new setting (tests/conftest.py's no_disk_cache
+    relies on it)."""
+    from xlakit.config import default_cache_dir
+
+    def outcome():
+        xlakit.clear_cache()  # the in-memory executables: the disk decides
+        (torch.arange(9.0).to(dev) * 5 - 2).cos().cpu()
+        return xlakit.last_step().cache
+
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    try:
+        for where in dirs:
+            cache.enable_persistent_cache(str(where))
+            assert [outcome(), outcome()] == ["miss", "persistent_hit"]
+            assert list(cache.private_dir(str(where)).glob("*-cache"))  # JAX's entry, here
+        cache.enable_persistent_cache(None)
+        assert outcome() == "miss"  # though both directories hold the program
+        for pickle in (cache.private_dir(str(dirs[0])) / "xlakit-executables").glob("*.pickle"):
+            pickle.unlink()
+        cache.enable_persistent_cache(str(dirs[0]))
+        assert outcome() == "persistent_hit"  # JAX's entry alone
+    finally:
+        cache.enable_persistent_cache(default_cache_dir())

@@ -8,7 +8,7 @@ import xlakit
 from xlakit.notebook import history_plot
 
 
-def test_the_plot_draws_each_steps_time_its_compiles_and_peak_memory(dev):
+def test_the_plot_draws_each_steps_time_its_compiles_and_peak_memory(dev, no_disk_cache):
     xlakit.reset()
     sums = []
     for n in (30, 30, 31, 31):

@@ -21,7 +21,7 @@ def run(shell, source):
     return texts, htmls, result
 
 
-def test_shape_change_is_a_miss_that_names_the_input(shell):
+def test_shape_change_is_a_miss_that_names_the_input(shell, no_disk_cache):
     run(shell, "%%xla_step --name shapes\nx = torch.ones(3).to(dev)\ny = (x * 2).sum()")
     texts, htmls, _ = run(shell, "%%xla_step --name shapes\nx = torch.ones(4).to(dev)\ny = (x * 2).sum()")
     assert len(texts) == 1

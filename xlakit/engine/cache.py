@@ -21,6 +21,7 @@ from pathlib import Path
 
 import jax
 import jax.monitoring
+from jax.experimental.compilation_cache import compilation_cache
 
 from ..config import private_dir
 from ..core.checks import StepChecks
@@ -170,9 +171,12 @@ def _make_private(path: str) -> Path:
 
 def enable_persistent_cache(path: str | None) -> str | None:
     """Point JAX's persistent compilation cache, and xlakit's executables, at a
-    directory of xlakit's own in `path`, private to the user."""
+    directory of xlakit's own in `path`, private to the user (None: no disk cache). Called
+    again in a running process, the next compile follows it: JAX decides once whether it
+    uses its cache and where, until its cache is reset."""
     global _EXECUTABLES
     _EXECUTABLES = None
+    compilation_cache.reset_cache()
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
