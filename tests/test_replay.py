@@ -317,6 +317,26 @@ def test_a_replayed_op_checks_its_python_scalars_as_a_fresh_record_does(dev, nam
     assert last().replay.replayed > 0  # the last run replayed its recording
 
 
+def test_a_replayed_op_passed_a_scalar_its_recording_left_out_checks_it(dev):
+    # a replayed op whose call passes none of its checked scalars (add without alpha) skips the
+    # check; the same op passed one after runs that left it out is checked as a fresh record is
+    eager = torch.arange(4.0, dtype=torch.float16) - 1
+    replayed = []
+    for alpha in (None, None, None, None, 1e10, None, 2.0, None):
+        kwargs = {} if alpha is None else {"alpha": alpha}
+        if alpha == 1e10:
+            assert replayed[-1] > 0  # the run before replayed add without its alpha
+            with pytest.raises(RuntimeError, match="without overflow"):
+                eager.add(eager, **kwargs)
+            with pytest.raises(RuntimeError, match="without overflow"):
+                eager.to(dev).add(eager.to(dev), **kwargs)
+            continue
+        got = eager.to(dev).add(eager.to(dev), **kwargs)
+        xlakit.mark_step()
+        replayed.append(last().replay.replayed)
+        assert_same(got, eager.add(eager, **kwargs))
+
+
 # -- a partial sync mid-step: the run after it reads what it left pending ------------------
 def _mid_step_read(inp, first, second, read):
     """`first` and `second` recorded, a partial sync of `read` of them, then the step's end reads `second`'s."""

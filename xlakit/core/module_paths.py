@@ -44,7 +44,7 @@ class _Stack(threading.local):
         self.entries: list[Entry] = []  # outermost first
 
 
-_STACK = _Stack()
+STACK = _Stack()  # per thread; sources.capture reads it per op, not through innermost()
 # The sequence numbers at which the path changed, and the path from each on: a
 # backward op looks its forward op's number up here. Bounded; the oldest go first.
 _SEQUENCE: list[int] = []
@@ -61,13 +61,13 @@ _autograd_node = torch._C._current_autograd_node  # bound once: current() runs f
 
 def current() -> str:
     """The path of the code recording an op now."""
-    entries = _STACK.entries
+    entries = STACK.entries
     return path_of(_autograd_node(), entries[-1] if entries else None)
 
 
 def innermost() -> Entry | None:
     """The module or optimizer step being called now, innermost."""
-    entries = _STACK.entries
+    entries = STACK.entries
     return entries[-1] if entries else None
 
 
@@ -132,13 +132,13 @@ def _name(root, module: torch.nn.Module, parent: str) -> str:
 
 
 def _enter(owner, path: str, frame) -> None:
-    entries = _STACK.entries
+    entries = STACK.entries
     entries.append(Entry(owner, path, frame, entries[-1] if entries else None))
     _mark(path)
 
 
 def _leave(owner) -> None:
-    entries = _STACK.entries
+    entries = STACK.entries
     for at in range(len(entries) - 1, -1, -1):
         if entries[at].owner is owner:
             del entries[at:]  # and whatever an exception left above it
@@ -150,7 +150,7 @@ def module_entered(module, args, frame) -> None:
     """`module` is called from `frame` (its forward pre-hook's caller)."""
     if torch.compiler.is_compiling():
         return
-    entries = _STACK.entries
+    entries = STACK.entries
     _enter(module, _name(entries[0].owner, module, entries[-1].path) if entries else "", frame)
 
 
@@ -172,7 +172,7 @@ def _optimizer_stepped(optimizer, args, kwargs) -> None:
 
 def forget_optimizer_steps() -> None:
     """At a step marker, no optimizer step is running: drop one a raising step left."""
-    entries = _STACK.entries
+    entries = STACK.entries
     entries[:] = [e for e in entries if not isinstance(e.owner, torch.optim.Optimizer)]
 
 

@@ -126,6 +126,7 @@ _autograd_node = torch._C._current_autograd_node
 _sequence_nr = torch.autograd._get_sequence_nr
 _grad_enabled = torch.is_grad_enabled
 _getframe = sys._getframe
+_MODULE_STACK = module_paths.STACK
 
 
 def capture(skip: int = 1) -> Source | None:
@@ -136,7 +137,8 @@ def capture(skip: int = 1) -> Source | None:
     if capturing.source is not None:
         return capturing.source
     node = _autograd_node()
-    entry = module_paths.innermost()
+    entries = _MODULE_STACK.entries  # module_paths.innermost(), inlined
+    entry = entries[-1] if entries else None
     if node is None:
         module, forward = entry.path if entry is not None else "", None
     else:
@@ -177,8 +179,9 @@ def _walk(frame, entry: module_paths.Entry | None) -> tuple[Frame | None, Frame 
         kind = _KIND.get(filename)
         if kind is None:
             kind = _kind(filename)
-        if kind == USER:
-            return _frame_of(frame), library
+        if kind == USER:  # _frame_of, inlined where its memo knows the frame (~0.5 µs an op in the step)
+            seen = _AT_OFFSET.get((id(code), frame.f_lasti))
+            return (seen[1] if seen is not None and seen[0] is code else _frame_of(frame)), library
         if kind == LIBRARY and library is None:
             library = _frame_of(frame)
         frame = frame.f_back

@@ -62,7 +62,6 @@ class Engine:
         self.log = StepLog()
         self.counters = collections.Counter({name: 0 for name in _COUNTERS})
         self.executables = executables.Executables(cache, persistent_hits, self.counters)
-        self.trace_seconds = 0.0
         self._lock = threading.RLock()
         # outputs of the newest execution; executions finish in order, so
         # waiting for these waits for all (config.wait_for_execution=False)
@@ -74,14 +73,9 @@ class Engine:
         self._asserts: list[LiveValue] = []
         # the ops recorded since the last sync, matched against the run that followed it before
         self._tape = tape.Tape(self._tensors, self._refs)
-        # The recorder's three calls for each replayed op, bound to the tape (a call less each):
-        # expected_op(op): what the run this one follows recorded at this place, if it was `op`;
-        # matched(expected, args, kwargs, check): the operands of its node on these arguments, if
-        # they match it (and pass `check`), else None; replayed(expected, operands, source): that
-        # node, recorded at `source`.
-        self.expected_op = self._tape.expected
-        self.matched = self._tape.match
-        self.replayed = self._tape.replay
+        # replay(op, args, kwargs, check, skip): the recording the run this one follows had
+        # here and this op's node, if the op matches it (Tape.replay); bound once, a call less an op
+        self.replay = self._tape.replay
         # open inside xlakit.profile(): each step's executable runs again under JAX's profiler
         self.profiling: profiling.Profiling | None = None
 
@@ -135,9 +129,6 @@ class Engine:
     def count_host_read(self) -> None:
         """A Python read answered on the host, with no execution (front/host_reads.py)."""
         self.counters["host_reads"] += 1
-
-    def add_trace_time(self, seconds: float) -> None:
-        self.trace_seconds += seconds
 
     def has_live_tensors(self) -> bool:
         return bool(self._tensors)
@@ -323,7 +314,7 @@ class Engine:
                        cache=lookup.outcome, donated=donated, changed=lookup.changed, why=lookup.why,
                        numerics=nans,
                        note=planned.note, source=source, replay=run.replay() if run is not None else None,
-                       timings=Timings(trace=self.trace_seconds, lower=lookup.lower_s, compile=lookup.compile_s,
+                       timings=Timings(trace=records.TRACE.seconds, lower=lookup.lower_s, compile=lookup.compile_s,
                                        execute=execute_s, waited=config.wait_for_execution))
         if config.wait_for_execution:
             self._verify(own_step=full)
@@ -359,7 +350,7 @@ class Engine:
             given = tuple(records.donate(i, data) for i, data in donated.items())
             records.append_compiled_run(self, entry, graph_info, trigger=trigger, donated=given, note=note,
                                         source=None, numerics=found,
-                                        timings=Timings(trace=self.trace_seconds, execute=execute_s,
+                                        timings=Timings(trace=records.TRACE.seconds, execute=execute_s,
                                                         waited=config.wait_for_execution))
             if checked is not None:  # its outputs are new tensors: read its checks before they exist
                 error = check_results.Step(checked, entry.checks, graph_info.nodes).read()

@@ -309,8 +309,14 @@ class Tape:
         return sum(len(r.recorded) for r in self._runs.values())
 
     # -- at record time ---------------------------------------------------------
-    def expected(self, op) -> Expected | None:
-        """The op expected at this position, if it is `op` and the run still matches."""
+    def replay(self, op, args, kwargs, check=None, skip: int = 1) -> tuple[Expected, Node] | None:
+        """When the run it follows had `op` at this position on arguments from the same places:
+        that recording (`Expected`) and the new node on this run's operands, recorded as
+        replayed at the line `skip` frames up (sources.capture). Else None, and the run records
+        from here on, saying why. `check(aval)`: what a fresh record checks against the op's
+        first output (its Python scalars), run once the operands say that output is the
+        recorded one; what it raises leaves the run as it found it. One call an op: the
+        replayed op's Python is the step's (bench/tracing.py)."""
         run = self._run
         if run.why:
             return None
@@ -325,42 +331,33 @@ class Tape:
         if expected.default_dtype is not torch.get_default_dtype():
             run.why = f"op {position} `{_name(op)}`: the default dtype changed" + _at(expected)
             return None
-        return expected
-
-    def replay(self, expected: Expected, operands: tuple, source) -> Node:
-        """The node of `expected`'s op on `operands` (what `match` gave), recorded as replayed.
-        The replayed op's Python is the step's, ~12 µs an op (bench/tracing.py)."""
-        node = Node(expected.op, operands, expected.template, expected.avals, source, expected.signature)
-        run = self._run
+        if check is None:
+            operands = self._matched(expected, args, kwargs)
+        else:
+            inputs = len(run.inputs)
+            operands = self._matched(expected, args, kwargs)
+            if operands is not None:
+                try:
+                    check(expected.avals[0])
+                except BaseException:
+                    self._forget_inputs(inputs)
+                    raise
+        if operands is None:
+            return None
+        source = sources.capture(skip + 1)
+        node = Node(op, operands, expected.template, expected.avals, source, expected.signature)
         run.ops += 1
         if run.first_seq < 0:
             run.first_seq = node.seq
-        if len(run.recorded) >= LIMIT:  # (a replayed run records, so it is one being recorded)
+        if position >= LIMIT:  # (a replayed run records, so it is one being recorded)
             run.why = f"the run is longer than {LIMIT} ops: the rest is recorded"
-            return node
+            return expected, node
         run.nodes.append(node)
         run.replayed += 1
         if source is not expected.source:
             run.sources_changed = True
         run.recorded.append(expected)
-        return node
-
-    def match(self, expected: Expected, args, kwargs, check=None) -> tuple | None:
-        """The operands of the new node when (args, kwargs) match `expected`, else None
-        (and the run records from here on, saying why). `check(aval)`: what a fresh record
-        checks against the op's first output (its Python scalars), run once the operands say
-        that output is the recorded one; what it raises leaves the run as it found it."""
-        if check is None:
-            return self._matched(expected, args, kwargs)
-        inputs = len(self._run.inputs)
-        operands = self._matched(expected, args, kwargs)
-        if operands is not None:
-            try:
-                check(expected.avals[0])
-            except BaseException:
-                self._forget_inputs(inputs)
-                raise
-        return operands
+        return expected, node
 
     def _forget_inputs(self, count: int) -> None:
         """Forget the run's inputs after its first `count` (met by an op that then raised)."""

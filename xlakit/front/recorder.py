@@ -24,12 +24,13 @@ from ..core import sources, transfer
 from ..core.ir import DeviceData, Node, fill
 from ..core.record import Trigger
 from ..engine.executor import current
+from ..engine.values import LiveValue
 from ..lowerings import eager, verdicts
 from ..lowerings.registry import handles
 from ..lowerings.verdicts import NeedsEager
 from . import op_shapes, scalar_checks
 from .op_info import op_info
-from .tensor import DEVICE, LazyTensor, from_host, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
+from .tensor import DEVICE, LazyTensor, from_host, holding, new_tensor, set_dispatcher, to_host, unwrap, wrap  # noqa: F401
 
 _META = torch.device("meta")
 
@@ -147,14 +148,14 @@ def _record(func, args, kwargs, info=None):
         host_kwargs = to_cpu(kwargs)
         return drawn(lambda: func(*[a.host() if isinstance(a, _HostLike) else a for a in like], **host_kwargs))
     engine = current()
-    expected = engine.expected_op(func) if id(func) not in verdicts.FAILED else None
-    if expected is not None:  # the op the run it follows had here: reuse its recording if it matches
+    if id(func) not in verdicts.FAILED:  # the op the run it follows had here: reuse its recording if it matches
         # its Python scalars are inputs, not constants: checked by value, as a fresh record's, against the
         # output's dtype once its operands matched (a bfloat16 clamp after float16's was checked as float16's)
-        operands = engine.matched(expected, args, kwargs, (lambda aval: scalar_checks.check(
-            func, info, args, kwargs, aval)) if info.checked_scalars else None)
-        if operands is not None:
-            node = engine.replayed(expected, operands, sources.capture(_OWN_FRAMES))
+        scalars = scalar_checks.given(info, args, kwargs) if info.checked_scalars else ()
+        replayed = engine.replay(func, args, kwargs, (lambda aval: scalar_checks.check(
+            func, info, scalars, aval)) if scalars else None, _OWN_FRAMES)
+        if replayed is not None:
+            expected, node = replayed
             outputs = _new_outputs(node, info, args, expected.avals, expected.layouts)
             return expected.structure(outputs) if expected.structure is not None else outputs[0]
     template, tensors, signature = op_shapes.split(func, info, args, kwargs)
@@ -171,8 +172,9 @@ def _record(func, args, kwargs, info=None):
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
-    if info.checked_scalars:
-        scalar_checks.check(func, info, args, kwargs, avals[0])
+    scalars = scalar_checks.given(info, args, kwargs) if info.checked_scalars else ()
+    if scalars:
+        scalar_checks.check(func, info, scalars, avals[0])
     if not info.lowerable:
         return run_eagerly(func, args, kwargs, reason=info.eager_reason)
     if id(func) in verdicts.FAILED:
@@ -207,8 +209,8 @@ def _new_outputs(node, info, args, avals, layouts) -> list:
 
 
 def _outputs(node, avals, layouts):
-    if len(avals) == 1:  # most ops: no generator and zip per op
-        return [None if avals[0] is None else new_tensor(avals[0], node, 0, None, layouts[0])]
+    if len(avals) == 1:  # most ops: no generator and zip per op, no call of new_tensor
+        return [None if avals[0] is None else holding(LiveValue(avals[0], node, 0, None), layouts[0])]
     return [None if aval is None else new_tensor(aval, node, i, layout=layout)
             for i, (aval, layout) in enumerate(zip(avals, layouts))]
 

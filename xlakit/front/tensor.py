@@ -20,6 +20,7 @@ from ..core.ir import Aval, DeviceData, Node
 from ..core.record import Trigger
 from ..engine import tape
 from ..engine.executor import current
+from ..engine.records import TRACE as _TRACE
 from ..engine.values import LiveValue
 from . import host_reads
 
@@ -49,7 +50,7 @@ class LazyTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, state: LiveValue, layout: Layout | None = None):
-        return _made(state, layout)
+        return holding(state, layout)
 
     @property
     def _state(self) -> LiveValue:
@@ -63,7 +64,7 @@ class LazyTensor(torch.Tensor):
         try:
             return _dispatch(func, args, kwargs or {})  # the frontend's (installed on its import)
         finally:
-            current().add_trace_time(_clock() - start)
+            _TRACE.seconds += _clock() - start
 
     def __repr__(self) -> str:
         return f"LazyTensor({self._state})"
@@ -74,13 +75,25 @@ tape.set_tensor_class(LazyTensor)
 
 def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
                data: DeviceData | None = None, layout: Layout | None = None) -> LazyTensor:
-    return _made(LiveValue(aval, node, index, data), layout)  # not LazyTensor(...): a type call less an op
+    return holding(LiveValue(aval, node, index, data), layout)  # not LazyTensor(...): a type call less an op
 
 
 _wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _made(state: LiveValue, layout: Layout | None) -> LazyTensor:
+def _bind_register(tensor, state: LiveValue, layout) -> None:
+    """The engine's `register`, bound here at the first tensor made (the engine is made on first
+    use, after the user set its config): a call less for every tensor made after."""
+    global _register
+    _register = current().register
+    _register(tensor, state, layout)
+
+
+_register = _bind_register
+
+
+def holding(state: LiveValue, layout: Layout | None) -> LazyTensor:
+    """A new LazyTensor holding `state`, laid out as `layout` says (None: contiguous)."""
     # A functional wrapper takes its inner tensor's strides and storage offset (a view's
     # wrapper, those of its view op on meta), and contiguous(), reshape() and view()
     # decide by them whether to copy: they must be eager's (a transposed view that said
@@ -93,7 +106,7 @@ def _made(state: LiveValue, layout: Layout | None) -> LazyTensor:
         t = _wrapper(LazyTensor, aval.shape, strides=layout[0], storage_offset=layout[1], dtype=aval.dtype,
                      device=DEVICE)
         layout = tape.plain_layout(aval.shape, layout)
-    current().register(t, state, layout)
+    _register(t, state, layout)
     return t
 
 
