@@ -1,13 +1,19 @@
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# A private persistent cache per test session, so tests never see another run's executables.
-os.environ.setdefault("XLAKIT_CACHE_DIR", tempfile.mkdtemp(prefix="xlakit-test-cache-"))
+# A private persistent cache per test session, so tests never see another run's executables; made
+# by the process that starts the session (pytest-xdist's workers inherit it) and removed when it exits
+# (each run left its cache, and each worker an empty one, in the temporary directory).
+if "XLAKIT_CACHE_DIR" not in os.environ:
+    os.environ["XLAKIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="xlakit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["XLAKIT_CACHE_DIR"], ignore_errors=True)
 
 # The suite's compiles skip LLVM's optimization of XLA:CPU's kernels: the optimized HLO that xlakit
 # reads (fusions, layouts, buffer assignment, donation) is byte-for-byte the same, and a small
