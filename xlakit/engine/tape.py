@@ -388,8 +388,12 @@ class Tape:
         if kind is Slot:
             return self._same_operand(value, want.index, expected, operands)
         if kind is tuple:
-            return (isinstance(value, (list, tuple)) and len(value) == len(want)
-                    and all(self._same(v, w, expected, operands) for v, w in zip(value, want)))
+            if not (isinstance(value, (list, tuple)) and len(value) == len(want)):
+                return False
+            for v, w in zip(value, want):  # a loop, not all(...): a size's ints compared here, no call each
+                if not (v.__class__ is int and v == w if w.__class__ is int else self._same(v, w, expected, operands)):
+                    return False
+            return True
         if value.__class__ is not kind:
             return False
         if kind is float or kind is complex:  # exact: 0.0 == -0.0, yet 1 / x tells them apart
