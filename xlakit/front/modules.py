@@ -40,9 +40,9 @@ def _rebase_grad(param: torch.Tensor) -> None:
     clone is a new tensor with the same value: no device copy, and no base to keep.
     A lazy view laid out as a new tensor is, contiguous from offset 0 (each of GPT-2's
     52 gradients and Llama's 39, every step), takes a new tensor holding its value, as
-    clone's would (values are immutable), with no op dispatched. Only a
-    view is replaced: later backwards accumulate into `.grad` in place, and a `.grad`
-    the user holds must stay the parameter's (as in eager torch)."""
+    clone's would (values are immutable), with no op dispatched. Only a view is
+    replaced: later backwards accumulate into `.grad` in place, and a `.grad` the
+    user holds must stay the parameter's (as in eager torch)."""
     grad = param.grad
     if torch._is_functional_tensor_base(grad):
         return
