@@ -331,19 +331,16 @@ class Tape:
         if expected.default_dtype is not torch.get_default_dtype():
             run.why = f"op {position} `{_name(op)}`: the default dtype changed" + _at(expected)
             return None
-        if check is None:
-            operands = self._matched(expected, args, kwargs)
-        else:
-            inputs = len(run.inputs)
-            operands = self._matched(expected, args, kwargs)
-            if operands is not None:
-                try:
-                    check(expected.avals[0])
-                except BaseException:
-                    self._forget_inputs(inputs)
-                    raise
+        inputs = len(run.inputs)
+        operands = self._matched(expected, args, kwargs)
         if operands is None:
             return None
+        if check is not None:
+            try:
+                check(expected.avals[0])
+            except BaseException:
+                self._forget_inputs(inputs)
+                raise
         source = sources.capture(skip + 1)
         node = Node(op, operands, expected.template, expected.avals, source, expected.signature)
         run.ops += 1

@@ -148,10 +148,10 @@ def _record(func, args, kwargs, info=None):
         host_kwargs = to_cpu(kwargs)
         return drawn(lambda: func(*[a.host() if isinstance(a, _HostLike) else a for a in like], **host_kwargs))
     engine = current()
+    scalars = scalar_checks.given(info, args, kwargs) if info.checked_scalars else ()
     if id(func) not in verdicts.FAILED:  # the op the run it follows had here: reuse its recording if it matches
         # its Python scalars are inputs, not constants: checked by value, as a fresh record's, against the
         # output's dtype once its operands matched (a bfloat16 clamp after float16's was checked as float16's)
-        scalars = scalar_checks.given(info, args, kwargs) if info.checked_scalars else ()
         replayed = engine.replay(func, args, kwargs, (lambda aval: scalar_checks.check(
             func, info, scalars, aval)) if scalars else None, _OWN_FRAMES)
         if replayed is not None:
@@ -172,7 +172,6 @@ def _record(func, args, kwargs, info=None):
     except Exception as e:
         where = sources.describe(sources.capture())
         raise type(e)(f"{func}: {e}" + (f" (at {where})" if where else "")) from e
-    scalars = scalar_checks.given(info, args, kwargs) if info.checked_scalars else ()
     if scalars:
         scalar_checks.check(func, info, scalars, avals[0])
     if not info.lowerable:

@@ -81,17 +81,6 @@ def new_tensor(aval: Aval, node: Node | None = None, index: int = 0,
 _wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _bind_register(tensor, state: LiveValue, layout) -> None:
-    """The engine's `register`, bound here at the first tensor made (the engine is made on first
-    use, after the user set its config): a call less for every tensor made after."""
-    global _register
-    _register = current().register
-    _register(tensor, state, layout)
-
-
-_register = _bind_register
-
-
 def holding(state: LiveValue, layout: Layout | None) -> LazyTensor:
     """A new LazyTensor holding `state`, laid out as `layout` says (None: contiguous)."""
     # A functional wrapper takes its inner tensor's strides and storage offset (a view's
@@ -106,7 +95,7 @@ def holding(state: LiveValue, layout: Layout | None) -> LazyTensor:
         t = _wrapper(LazyTensor, aval.shape, strides=layout[0], storage_offset=layout[1], dtype=aval.dtype,
                      device=DEVICE)
         layout = tape.plain_layout(aval.shape, layout)
-    _register(t, state, layout)
+    current().register(t, state, layout)
     return t
 
 
