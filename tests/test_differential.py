@@ -179,6 +179,27 @@ def test_own_inplace_kernels_match_eager(dev, write, case):
     assert_same(got_base, want_base)
 
 
+_DOUBLE_WRITES = {
+    "mul_": lambda x, n: x.mul_(n), "div_": lambda x, n: x.div_(n), "sub_": lambda x, n: x.sub_(n),
+    "add_alpha": lambda x, n: x.add_(n, alpha=3), "mul_out": lambda x, n: torch.mul(x, n, out=x),
+    "lerp_": lambda x, n: x.lerp_(x * 2, 0.1), "addcmul_": lambda x, n: x.addcmul_(x, x, value=0.1),
+    "times_a_float": lambda x, n: x * 0.1,  # out of place: a complex128 x took 0.1 in float32 too
+}
+
+
+@pytest.mark.parametrize("number", [0.1, 0.1 + 0.3j])
+@pytest.mark.parametrize("write", _DOUBLE_WRITES)
+def test_a_python_number_in_a_double_op_keeps_its_full_value(dev, write, number):
+    """A Python number reaches xlakit's in-place kernels as a Python float: made a 0-d tensor of the
+    default dtype, 0.1 was 0.1 rounded to float32, and a float64 result was off by ~1e-8 of itself
+    (a float with a complex128 tensor likewise).
+    float64's own rounding is ~1e-16 an op, so 1e-14 tells the two apart on any machine."""
+    dtype = torch.complex128 if isinstance(number, complex) else torch.float64
+    want = _DOUBLE_WRITES[write](torch.linspace(0.5, 3, 6, dtype=dtype), number)
+    got = _DOUBLE_WRITES[write](torch.linspace(0.5, 3, 6, dtype=dtype).to(dev), number)
+    assert_same(got, want, rtol=1e-14, atol=0)
+
+
 def test_the_first_write_of_a_tensor_an_op_made_is_undone_by_a_failed_step(dev):
     """A tensor made by an op is a user's from its first in-place write (tensor.own_at_write), by
     each of xlakit's own kernels as by torch's: a failed step gives its value back, as eager keeps it."""

@@ -43,9 +43,10 @@ def _operand(value, func, source, tensors: list):
     """What one tensor argument (or lifted float) contributes to a node."""
     if isinstance(value, LazyTensor):
         return value._state.operand()
-    if isinstance(value, float):  # in the dtype of the op's first float tensor, as torch computes it
-        float_dtype = next((t.dtype for t in tensors if isinstance(t, torch.Tensor) and t.dtype.is_floating_point),
-                           torch.get_default_dtype())
+    if isinstance(value, float):  # in the dtype of the op's first float tensor (a complex one's real part),
+        # as torch computes it: complex128 * 0.1 took 0.1 in float32
+        float_dtype = next((t.dtype.to_real() for t in tensors if isinstance(t, torch.Tensor)
+                            and (t.dtype.is_floating_point or t.dtype.is_complex)), torch.get_default_dtype())
         if op_info(func).opmath_scalar:  # float32 for float16 / bfloat16 (lowerings.Lowering.opmath_scalar)
             float_dtype = get_computation_dtype(float_dtype)
         return transfer.lifted_scalar(value, float_dtype)
