@@ -218,3 +218,36 @@ def test_random_draws_on_a_transposed_tensor_are_eagers(dev):
         results.append((nn.functional.dropout(x, 0.5).cpu(), torch.rand_like(x).cpu(), torch.rand(2)))
     for got, want in zip(results[1], results[0]):
         assert torch.equal(got, want)
+
+
+def test_a_dispatch_mode_sees_the_ops_of_in_place_writes_as_eager_does(dev):
+    """xlakit's kernels of in-place ops call its recording directly (functionalization's
+    _write_functionally), not through torch's dispatcher, unless a user's TorchDispatchMode is
+    active: it sees each write's op, as on eager's CPU tensors, and the values are eager's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def writes(x, y):
+        x.mul_(y)
+        x.addcmul_(y, y, value=0.5)
+        x.add_(0.5)
+        return x
+
+    seen_by = {}
+    for device in ("cpu", dev):
+        x, y = torch.linspace(-1, 1, 3, device=device), torch.full((3,), 2.0, device=device)
+        with Seen() as seen:
+            writes(x, y)
+        # eager's mode sees the in-place overloads, a lazy one their functional twins below functionalization
+        seen_by[device] = ([op.__name__.split(".")[0].rstrip("_") for op in seen.ops], x)
+    (eager_ops, want), (lazy_ops, got) = seen_by["cpu"], seen_by[dev]
+    assert eager_ops == lazy_ops == ["mul", "addcmul", "add"]
+    assert_same(got, want)

@@ -123,18 +123,18 @@ def _write_functionally(functional, self, args, kwargs):
     inner_self = _inner(self)
     inner_args = [_inner(a) for a in args]
     inner_kwargs = {k: _inner(v) for k, v in kwargs.items()}
-    if inner_self.__class__ is LazyTensor and _lazy_or_host(inner_args) and _lazy_or_host(inner_kwargs.values()) \
-            and not torch._C._len_torch_dispatch_stack():
-        # where the dispatcher's Python key would lead: ~15 µs less a write than through torch's
-        # dispatcher (an optimizer step makes a write per parameter and state)
-        out = LazyTensor.__torch_dispatch__(functional, (), (inner_self, *inner_args), inner_kwargs)
-    else:
-        with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):
+    with torch._C._ExcludeDispatchKeyGuard(_SKIP_FUNCTIONALIZE):  # below functionalization, as its kernels call
+        if inner_self.__class__ is LazyTensor and _lazy_or_host(inner_args) and _lazy_or_host(inner_kwargs.values()) \
+                and not torch._C._len_torch_dispatch_stack():
+            # where the dispatcher's Python key would lead: ~15 µs less a write than through torch's
+            # dispatcher (an optimizer step makes a write per parameter and state)
+            out = LazyTensor.__torch_dispatch__(functional, (), (inner_self, *inner_args), inner_kwargs)
+        else:
             out = functional(inner_self, *inner_args, **inner_kwargs)
     if out.shape != self.shape:
         raise RuntimeError(f"output with shape {list(self.shape)} doesn't match the broadcast shape "
                            f"{list(out.shape)}")
-    if not torch.can_cast(out.dtype, self.dtype):
+    if out.dtype is not self.dtype and not torch.can_cast(out.dtype, self.dtype):
         raise RuntimeError(f"result type {out.dtype} can't be cast to the desired output type {self.dtype}")
     torch._functionalize_replace(self, out)
     torch._functionalize_commit_update(self)
