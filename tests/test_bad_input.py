@@ -440,6 +440,33 @@ def test_a_write_after_a_failed_check_that_does_not_read_it_is_dropped(dev, monk
             state.cpu()
 
 
+def test_a_failed_read_keeps_no_tensor_of_its_step_alive(dev):
+    """A value poisoned by a failed check keeps the error's message, not the error raised: that
+    error's traceback holds the frames the read was made in, and the step's tensors with them, one
+    of which held the poisoned value. The engine kept all of them for good, and the next step
+    marker computed the tensors it had not read (here another out-of-range index: raised again)."""
+    import gc
+
+    from xlakit.session import current
+
+    table = torch.ones(4, 5).to(dev)
+    xlakit.mark_step()
+    gc.collect()  # (what earlier tests left to the collector)
+    held = len(current().held_values())
+
+    def failing_read():
+        picked = torch.nn.functional.embedding(torch.tensor([5, 0]).to(dev), table)  # rows [0, 4): eager raises
+        later = table[torch.tensor([7]).to(dev)] * 2  # made after it, not read by the read below
+        return picked.sum().item(), later
+
+    with pytest.raises(IndexError, match="index out of range"):
+        failing_read()
+    gc.collect()
+    assert len(current().held_values()) == held
+    xlakit.mark_step()  # nothing of the failed step is left to compute
+    assert_same(table, torch.ones(4, 5))
+
+
 def test_dispatch_ahead_reads_the_checks_at_the_next_read_and_taints_what_reads_the_failed_step(dev, monkeypatch):
     monkeypatch.setattr(xlakit.config, "wait_for_execution", False)
     a = torch.arange(4.0).to(dev)

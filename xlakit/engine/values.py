@@ -2,6 +2,8 @@
 being computed), and the errors a read or a step raises when a value could not be computed."""
 from __future__ import annotations
 
+import copy
+
 from ..core.ir import Aval, DeviceData, Graph, Node
 
 
@@ -58,7 +60,19 @@ class LiveValue:
             raise kind(f"this tensor's value could not be computed: {self.error}") from self.error
 
     def fail(self, error: BaseException) -> None:
-        self.error, self.node = error, None
+        self.error, self.node = _untraced(error), None
+
+
+def _untraced(error: BaseException) -> BaseException:
+    """What a failed value keeps of `error`: a twin of its type and message, not the object,
+    which is raised too. The frames its traceback gathers on its way out (the user's, holding
+    the failed step's tensors, which hold this value through C++, where Python's collector
+    cannot follow) stayed alive, and with them every tensor they held: memory, and pending work
+    that a later step marker computed, raising that work's own error there."""
+    try:
+        return copy.copy(error)  # (no traceback, cause or context: they are not copied)
+    except Exception:  # noqa: BLE001 - a constructor that takes more than the message (NodeFailedError)
+        return (StepFailedIndexError if isinstance(error, IndexError) else StepFailedError)(str(error))
 
 
 class StepExecutionError(RuntimeError):
