@@ -52,7 +52,7 @@ def _operand(value, func, source, tensors: list):
         return transfer.lifted_scalar(value, float_dtype)
     transfer.require_dense(value)  # (a quantized tensor's .to(lazy) stays on the CPU)
     # CPU scalars and CPU index tensors mix with device tensors, as in eager torch
-    if value.dim() == 0:  # a CPU scalar (functionalization.py passes x.mul_(0.9)'s 0.9 so): uploaded once
+    if value.dim() == 0:  # a CPU scalar (functionalization.py passes x.mul_(2)'s 2 so): uploaded once
         return transfer.lifted_scalar(value.item(), value.dtype)
     data = from_host(value)._state.data  # CPU indices (_record lets no other CPU tensor in)
     data.read_only = True
