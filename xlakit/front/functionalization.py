@@ -390,10 +390,14 @@ def _checked_writes(op, original, functional=None):
     return kernel
 
 
-def _numbers(args, positions, kinds=None):
-    """args, with a Python number (of a type in `kinds`; None: any) at a Tensor's position as
+_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
+_INTEGRAL = (bool, int)
+_DOUBLE = (torch.float64, torch.complex128)
+
+
+def _numbers(args, positions, kinds=_NUMBER_DTYPES):
+    """args, with a Python number of a type in `kinds` at a Tensor's position as
     _numbers_as_tensors makes it."""
-    kinds = kinds or _NUMBER_DTYPES
     for i in positions:
         if i < len(args) and type(args[i]) in kinds:
             return _numbers_as_tensors(args, positions, kinds)
@@ -416,11 +420,6 @@ def _keeping_layout(self: torch.Tensor, write):
         torch._functionalize_commit_update(self)
         torch._sync(self)
     return result
-
-
-_NUMBER_DTYPES = {bool: torch.bool, int: torch.int64, float: None, complex: None}
-_INTEGRAL = (bool, int)
-_DOUBLE = (torch.float64, torch.complex128)
 
 
 def _numbers_as_tensors(args, positions, kinds):
