@@ -143,6 +143,29 @@ def test_a_pending_assert_is_checked_at_the_read(dev):
         bool(mask.all())
 
 
+def test_a_read_answered_on_the_host_waits_for_no_step_dispatched_ahead(dev, monkeypatch):
+    """Dispatching ahead, a read answered on the host (transformers' mask, each step) neither waits
+    for the steps still running nor reads their checks: waiting there kept every step's Python from
+    running beside the step before it. The next read of the device reports a failed step, as
+    without that read."""
+    monkeypatch.setattr(config, "wait_for_execution", False)
+    from xlakit.session import current
+
+    a = torch.arange(4.0).to(dev)
+    xlakit.mark_step()
+    picked = a[torch.tensor([9]).to(dev)].sum()  # out of bounds: the step's check fails
+    xlakit.mark_step()  # returns at dispatch; the check is unread
+    running = current().in_flight
+    assert running
+    got, ran = read_on_host(dev, lambda m: bool(m.all()), torch.tensor([1, 1, 0]))
+    assert (got, ran) == (False, 0)
+    assert current().in_flight is running  # not waited for
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
+        (a * 3).cpu()
+    with pytest.raises(IndexError, match="could not be computed"):
+        picked.cpu()
+
+
 def test_replayed_steps_branch_as_fresh_ones(dev):
     """A step recorded with its mask read on the host, replayed; then a step whose mask the device
     computed (a read that executes), a padded one (the other branch), and the first again."""

@@ -252,8 +252,7 @@ def to_host(inner: LazyTensor, *, trigger: Trigger) -> torch.Tensor:
     engine = current()
     # an assert waiting for the next sync makes this read an execution (its check raises here)
     host = None if engine.has_pending_asserts() else host_reads.answer(state)
-    if host is not None:
-        engine.wait()  # a read raises earlier steps' faults and failed checks, answered here or not
+    if host is not None:  # no wait for steps dispatched ahead: their faults are the next device read's
         engine.count_host_read()
     else:
         engine.sync([state], trigger=trigger, source=sources.user_line())
