@@ -528,6 +528,48 @@ def test_step_counts_stay_the_host_tensors_eager_keeps_each_counted_once_a_step(
         [(s["step"].device, s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[0].state.values()]
 
 
+def test_step_counts_of_a_step_still_running_are_computed_on_the_host(dev, monkeypatch):
+    # dispatched ahead, a step's result for each count may still be computing: reading it waited for
+    # the whole executable, so the next step's Python could not run beside it. The counts are then
+    # computed by torch on the host, as eager computes them, and the next step reads the device's
+    # value once it is computed and equal to the host's: one execution a step, one key
+    from xlakit.integrations import compiled_call, dynamo
+
+    monkeypatch.setattr(compiled_call, "computed", lambda t: False)  # each step: still running
+    read, host_made = [], []
+    took = compiled_call.took_on_host
+    monkeypatch.setattr(compiled_call, "took_on_host", lambda *a: read.append(1) or took(*a))
+    part = dynamo._HostPart.__call__
+    monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: host_made.append(1) or part(*a))
+    on_device, reads_kept = compiled_call._on_device, []  # per read of a count: the device's value, not uploaded?
+
+    def read_kept(*args):
+        data = on_device(*args)
+        reads_kept.append(data is not None)
+        return data
+    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
+    eager, model, _, x = _compiled_mlp(dev)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-6) for m in (eager, model)]
+    y = torch.randn(x.shape[0], 4)
+    compiled = torch.compile(train_step, backend="xlakit")
+    keys = []
+    for step in range(STEPS):
+        with xlakit.capture() as records:
+            got = compiled(model, opts[1], (x.to(dev),), y.to(dev), torch.nn.functional.mse_loss)
+        want = train_step(eager, opts[0], (x,), y, torch.nn.functional.mse_loss)
+        assert_same(got.detach(), want.detach(), **TOL)
+        keys.append([r.key for r in records])
+    assert (len(host_made), read) == (STEPS, [])
+    assert all(k == keys[1] and len(k) == 1 for k in keys[1:]), keys  # after the first step's traces
+    for p, q in zip(model.parameters(), eager.parameters()):
+        assert_same(p.detach(), q.detach(), **TOL)
+    assert [(s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[1].state.values()] == \
+        [(s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[0].state.values()]
+    # each step after the first reads the counts the step before computed, found equal to the host's
+    counts = len(opts[1].state)
+    assert reads_kept[-(STEPS - 1) * counts:] == [True] * (STEPS - 1) * counts, reads_kept
+
+
 def _amp_step(model, optimizer, x, y, whole):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)

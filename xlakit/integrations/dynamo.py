@@ -227,7 +227,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         run = _compile_fx(fx, inputs, forward=True, training=False)
         updated = _plain_inference(fx, len(held) + len(example_inputs))
         if updated is not None:
-            direct.append((run, updated))
+            direct.append((run, updated, _HostPart.of(fx, inputs, updated)))
         return make_boxed_func(run)
 
     joined = any(isinstance(x, torch.Tensor) and x.device == DEVICE for x in (*held, *example_inputs))
@@ -237,7 +237,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     # inputs in lists reach the graph flattened by AOTAutograd
     if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return compiled
-    (run, updated), = direct
+    (run, updated, host_part), = direct
 
     @torch._dynamo.disable(reason="xlakit runs the graph")
     def call(*args):
@@ -261,12 +261,69 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
         if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
             current().sync(trigger=Trigger.COMPILED, source=sources.user_line())
-        for original, new in on_host:  # step counts: computed by that step, read after it
-            if not compiled_call.took_on_host(original, new):
+        # step counts: read from the step's result; where it is still computing (dispatched ahead),
+        # computed on the host as eager does (all of them before any is written), not waited for
+        counted = host_part(args, on_device) if host_part is not None and not all(
+            compiled_call.computed(new) for _, new in on_host) else None
+        for k, (original, new) in enumerate(on_host):
+            if counted is not None:
+                _copy_in(original, counted[k])
+                compiled_call.keep_on_device(original, new)
+            elif not compiled_call.took_on_host(original, new):
                 _copy_in(original, _computed_on_host(new))
         return outputs[len(updated):]
 
     return call
+
+
+class _HostPart:
+    """The new values of an inference graph's updated host inputs (an optimizer's step counts),
+    computed by torch on the host from host inputs alone, as eager computes them. For a step
+    still computing its own (dispatched ahead, `config.wait_for_execution = False`): reading
+    those waited for its whole executable, and the next step's Python could not run beside it.
+    `of` gives None where one of those values reads a device tensor or draws."""
+
+    def __init__(self, positions: list[int], reads: list[int], module: torch.fx.GraphModule):
+        self.positions = positions  # the updated inputs' positions among the graph's first outputs
+        self.reads = reads          # the graph's inputs it reads
+        self.module = module
+
+    @classmethod
+    def of(cls, gm: torch.fx.GraphModule, inputs, updated: list[int]) -> _HostPart | None:
+        positions = [k for k, i in enumerate(updated) if not _on_lazy_device(inputs[i])]
+        outputs = list(fx_interpreter.flatten(gm.graph.output_node().args[0]))
+        wanted = [outputs[k] for k in positions]
+        if not wanted or not all(isinstance(node, torch.fx.Node) for node in wanted):
+            return None
+        needed, stack = set(), list(wanted)
+        while stack:
+            node = stack.pop()
+            if node in needed:
+                continue
+            value = node.meta.get("val")
+            if node.op not in ("placeholder", "call_function") or _on_lazy_device(value) \
+                    or torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+                return None
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+        placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        graph, made = torch.fx.Graph(), {}
+        for node in gm.graph.nodes:
+            if node in needed:
+                made[node] = graph.node_copy(node, made.__getitem__)
+        graph.output([made[node] for node in wanted])
+        return cls(positions, [k for k, node in enumerate(placeholders) if node in needed],
+                   torch.fx.GraphModule(gm, graph))
+
+    def __call__(self, args, on_device: list[bool]) -> list[torch.Tensor] | None:
+        """Per updated host input, its new value; None if the inputs are not where they were traced."""
+        if [k for k, device in enumerate(on_device) if not device] != self.positions:
+            return None
+        return self.module(*[args[i] for i in self.reads])
+
+
+def _on_lazy_device(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device == DEVICE
 
 
 def _recomputing_partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
@@ -301,7 +358,7 @@ def _computed_on_host(t: torch.Tensor) -> torch.Tensor:
 
 
 def _pending(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.device == DEVICE and unwrap(t)._state.node is not None
+    return _on_lazy_device(t) and unwrap(t)._state.node is not None
 
 
 def _plain_inference(gm: torch.fx.GraphModule, inputs: int) -> list[int] | None:
