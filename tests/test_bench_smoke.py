@@ -15,6 +15,7 @@ BENCHMARKS = {
                           "| xlakit torch.compile, whole step |"]),
     "moe": (900, ["| jax.jit ragged_dot, the floor |", "| xlakit lazy (grouped_mm) |"]),
     "mask_reads": (600, ["| GPT-2 | on |", "| Llama | off |", "| 64 x 2048 int64 | on |"]),
+    "dispatch_ahead": (600, ["| xlakit lazy |", "| xlakit torch.compile, whole step |"]),
     "numerics": (900, ["| jax.jit + jax_debug_nans |", "| check_nans |", "encountered in log", "aten.log.default"]),
 }
 
