@@ -213,9 +213,9 @@ def took_on_host(host: torch.Tensor, new: torch.Tensor) -> bool:
     host tensor (bench/RESULTS.md, tenth round); its device value kept for the next step to read
     instead of uploading the host tensor (_on_device). False where it is not such a case; the caller
     then copies `new` in as AOTAutograd would."""
-    if not _step_count(host, new):
+    data = _count_buffer(host, new)
+    if data is None:
         return False
-    data = unwrap(new)._state.data
     host.fill_(np.asarray(data.array).item())
     _keep(host, data, checked=True)
     return True
@@ -225,17 +225,19 @@ def keep_on_device(host: torch.Tensor, new: torch.Tensor) -> None:
     """Keep `new`, the device value a step computes for `host` (a step count the host computed
     itself, as `new` was not computed yet), for the next step to read once computed and found
     equal to the host's (_on_device): unread here, as reading it would wait for the step."""
-    if _step_count(host, new):
-        _keep(host, unwrap(new)._state.data, checked=False)
+    data = _count_buffer(host, new)
+    if data is not None:
+        _keep(host, data, checked=False)
 
 
-def _step_count(host: torch.Tensor, new: torch.Tensor) -> bool:
-    """Whether `host` is a 0-d host tensor and `new` its new value, on the device, bound to a buffer."""
+def _count_buffer(host: torch.Tensor, new: torch.Tensor) -> DeviceData | None:
+    """The buffer of `new`, the new value of `host`, where `host` is a 0-d host tensor and `new` on
+    the device, bound to a buffer; else None."""
     if new.device != DEVICE or host.dim() != 0 or host.requires_grad or host.device.type != "cpu":
-        return False
+        return None
     state = unwrap(new)._state
     state.resolve()
-    return state.data is not None
+    return state.data
 
 
 def _keep(host: torch.Tensor, data: DeviceData, *, checked: bool) -> None:

@@ -111,7 +111,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
             outputs, execution, placeholder_data, output_values = fx_interpreter.interpret(gm, list(inputs), record,
                                                                                            reason)
         if execution is not None and record.executables == 1 and not record.splits and None not in draws:
-            on_device = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device == DEVICE]
+            on_device = [i for i, t in enumerate(inputs) if _on_lazy_device(t)]
             call = compiled_call.plan(*execution, placeholder_data, output_values, [i if i in on_device else None
                                                                                     for i in updated], draws,
                                       frozenset(k for k, i in enumerate(updated)
@@ -189,7 +189,7 @@ def _compute_pending(values, *, tracing: bool) -> None:
 
 
 def _outputs_like(outputs, inputs):
-    lazy = any(isinstance(t, torch.Tensor) and t.device == DEVICE for t in inputs)
+    lazy = any(_on_lazy_device(t) for t in inputs)
 
     def convert(o):
         if isinstance(o, LazyTensor):
@@ -230,7 +230,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
             direct.append((run, updated, _HostPart.of(fx, inputs, updated)))
         return make_boxed_func(run)
 
-    joined = any(isinstance(x, torch.Tensor) and x.device == DEVICE for x in (*held, *example_inputs))
+    joined = any(_on_lazy_device(x) for x in (*held, *example_inputs))
     with autocast.in_traced_graphs():  # an autocast region inside the graph casts as in eager
         compiled = aot_autograd(fw_compiler=_boxed(True), bw_compiler=_boxed(False), inference_compiler=inference,
                                 partition_fn=_recomputing_partition if joined else default_partition)(gm, example_inputs)
