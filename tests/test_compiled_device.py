@@ -570,6 +570,31 @@ def test_step_counts_of_a_step_still_running_are_computed_on_the_host(dev, monke
     assert reads_kept[-(STEPS - 1) * counts:] == [True] * (STEPS - 1) * counts, reads_kept
 
 
+def test_a_kept_count_unlike_the_hosts_is_not_read(dev, monkeypatch):
+    # the device's value of a count the host computed itself is read by the next step only once found
+    # equal to the host's: made to differ here, the next step uploads the host's, which eager would read
+    from xlakit.integrations import compiled_call, dynamo
+
+    monkeypatch.setattr(compiled_call, "computed", lambda t: False)
+    part = dynamo._HostPart.__call__
+    monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: [c + 10 for c in part(*a)])
+    on_device, reads_kept = compiled_call._on_device, []
+
+    def read_kept(*args):
+        data = on_device(*args)
+        reads_kept.append(data is not None)
+        return data
+    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
+    _, model, _, x = _compiled_mlp(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-6)
+    compiled = torch.compile(train_step, backend="xlakit")
+    for _ in range(2):
+        compiled(model, opt, (x.to(dev),), torch.randn(x.shape[0], 4).to(dev), torch.nn.functional.mse_loss)
+    counts = len(opt.state)
+    assert reads_kept[-counts:] == [False] * counts, reads_kept
+    assert [s["step"].item() for s in opt.state.values()] == [22.0] * counts  # 0 + 1 + 10, then + 1 + 10
+
+
 def _amp_step(model, optimizer, x, y, whole):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = model(x)
