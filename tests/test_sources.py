@@ -1,6 +1,8 @@
 """Each node keeps the user's line and the library line that recorded it; warnings
 and views name them as a person reads them."""
 import os
+import sys
+import weakref
 
 import pytest
 import torch
@@ -8,7 +10,9 @@ import torch.nn.functional as F
 
 import xlakit
 from xlakit.core import module_paths, sources
+from xlakit.core.record import Trigger
 from xlakit.lowerings import eager
+from xlakit.session import current
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -107,6 +111,70 @@ def test_a_function_defined_again_with_its_lines_moved_names_its_new_lines(dev):
         lines = {n.op: n.source.user.line for n in xlakit.last_step().graph.nodes}
         assert lines == {"aten.mul.Tensor": blank_lines + 2, "aten.add.Tensor": 2}, (blank_lines, lines)
         del space, y
+
+
+_LIBRARY_FILE = "/site-packages/fake_library/ops.py"  # classified a library's in the tests below (sources._KIND)
+
+
+def _library(code: str) -> dict:
+    space = {}
+    exec(compile(code, _LIBRARY_FILE, "exec"), space)
+    return space
+
+
+def test_one_library_line_called_from_two_user_lines_names_each_caller(dev, monkeypatch):
+    """capture() reuses what it found at an instruction of the frame the last op came from
+    (sources._Capturing.frame): a library function called from two user lines runs in a new
+    frame per call, each a new object, though a returned one's memory is the next one's. Each
+    node names its own caller, recorded and replayed."""
+    monkeypatch.setitem(sources._KIND, _LIBRARY_FILE, sources.LIBRARY)
+    double = _library("def double(x):\n    return x * 2\n")["double"]
+    x = torch.ones(3).to(dev)
+    first = sys._getframe().f_lineno + 2  # the first call's line
+    for _ in range(3):  # recorded, then replayed
+        y = double(x)
+        y = double(y)
+        xlakit.mark_step()
+        lines = [(n.source.user.line, n.source.library.line) for n in xlakit.last_step().graph.nodes]
+        assert lines == [(first, 2), (first + 1, 2)]
+
+
+def test_a_library_generator_resumed_from_two_user_lines_names_each_caller(dev, monkeypatch):
+    """A generator's frame stays one object while callers resume it from other lines: the
+    frame capture() reuses what it found in is never a generator's."""
+    monkeypatch.setitem(sources._KIND, _LIBRARY_FILE, sources.LIBRARY)
+    doubling = _library("def doubling(x):\n    while True:\n        x = yield x * 2\n")["doubling"]
+    x = torch.ones(3).to(dev)
+    steps = doubling(x)
+    y = next(steps)  # the op at the generator's one instruction, from this line
+    xlakit.mark_step()
+    first = sys._getframe().f_lineno + 2  # the first resumption's line
+    for _ in range(3):
+        y = steps.send(y)
+        y = steps.send(y)
+        xlakit.mark_step()
+        assert [n.source.user.line for n in xlakit.last_step().graph.nodes] == [first, first + 1]
+
+
+def test_what_only_a_returned_function_held_is_not_computed_by_the_next_step(dev):
+    """capture() keeps the frame the last op came from until the next op from another frame or
+    the next sync: a function that returned keeps its locals that long, and no longer. Its
+    scratch tensor dies at the step marker, before the step reads what is live."""
+    x = torch.ones(3).to(dev)
+    scratch_refs = []
+
+    def plus_one(x):
+        scratch = x * 3  # the function's last op: capture keeps this frame
+        scratch_refs.append(weakref.ref(scratch))
+        return x + 1
+
+    for _ in range(3):
+        y = plus_one(x)
+        # the engine's marker itself, which no capture of the caller's line comes before
+        current().sync(trigger=Trigger.MARK_STEP, source="a test's marker")
+        assert scratch_refs[-1]() is None
+        assert [n.op for n in xlakit.last_step().graph.nodes] == ["aten.add.Tensor"]
+        assert torch.equal(y.cpu(), torch.full((3,), 2.0))
 
 
 def test_code_of_the_user_has_no_library_line(dev):

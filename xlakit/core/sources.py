@@ -9,6 +9,7 @@ IPython's temporary file, and a warning is attributed to the user's line.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import site
 import sys
@@ -35,6 +36,12 @@ _KIND: dict[str, int] = PROCESS.memo("core.sources: file kinds", 1 << 12,
                                      "whether a file is the user's, a library's or machinery, asked per stack frame")
 
 
+# Per file, whether it is xlakit's own: its frames are skipped before a walk starts
+_OWN: dict[str, bool] = PROCESS.memo("core.sources: xlakit's files", 1 << 12, "whether a frame is xlakit's, asked per op")
+# a frame that a generator, coroutine or async generator runs: resumed by any caller
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
 def _kind(filename: str) -> int:
     kind = _KIND.get(filename)
     if kind is None:
@@ -59,6 +66,11 @@ class _Capturing(threading.local):
     source: Source | None = None
     # (user, library, module, forward, Source) of the last capture: an op's neighbours mostly share its lines
     last: tuple = (None, None, None, None, None)
+    # the frame the last forward op came from (past xlakit's own), the module call it ran in, and per
+    # instruction of that frame the Source found there; released at each sync (release_frame)
+    frame = None
+    entry = None
+    at: dict = {}
 
 
 _CAPTURING = _Capturing()  # one thread-local read an op, not two (~0.1 µs of a replayed op)
@@ -139,11 +151,31 @@ def capture(skip: int = 1) -> Source | None:
     node = _autograd_node()
     entries = _MODULE_STACK.entries  # module_paths.innermost(), inlined
     entry = entries[-1] if entries else None
+    frame = _getframe(skip)
+    while frame is not None:  # past xlakit's own frames, made anew for each op
+        filename = frame.f_code.co_filename
+        own = _OWN.get(filename)
+        if own is None:
+            own = _OWN[filename] = filename.startswith(_XLAKIT_DIR)
+        if not own or entry is not None and frame is entry.frame:
+            break
+        frame = frame.f_back
     if node is None:
+        # A forward op from the frame the last one came from, in the same module call: the Source
+        # found at this instruction before. While that frame runs, every frame above it waits where
+        # it waited then; a generator's frame, which another caller may resume, is not kept.
+        if frame is capturing.frame and entry is capturing.entry:
+            source = capturing.at.get(frame.f_lasti)
+            if source is not None:
+                if _grad_enabled():  # _name_forward_node, inlined: this is most ops' path
+                    number = _sequence_nr() - 1
+                    if number not in _FORWARD:
+                        _FORWARD[number] = source
+                return source
         module, forward = entry.path if entry is not None else "", None
     else:
         module, forward = module_paths.path_of(node, entry), _FORWARD.get(node._sequence_nr())
-    user, library = _walk(_getframe(skip), entry)
+    user, library = _walk(frame, entry)
     last = capturing.last
     if user is last[0] and library is last[1] and module == last[2] and forward is last[3]:
         source = last[4]
@@ -155,11 +187,29 @@ def capture(skip: int = 1) -> Source | None:
         if source is None:
             source = _SOURCES[key] = Source(user, library, module, forward)
         capturing.last = (user, library, module, forward, source)
-    if node is None and _grad_enabled():
+    if node is None:
+        if frame is not capturing.frame or entry is not capturing.entry:
+            kept = frame is not None and not frame.f_code.co_flags & _RESUMABLE
+            capturing.frame, capturing.entry, capturing.at = (frame, entry, {}) if kept else (None, None, {})
+        if capturing.frame is not None:
+            capturing.at[frame.f_lasti] = source
+        _name_forward_node(source)
+    return source
+
+
+def _name_forward_node(source: Source) -> None:
+    """A forward op names the autograd node it made (the number before the next) after `source`."""
+    if _grad_enabled():
         number = _sequence_nr() - 1
         if number not in _FORWARD:
             _FORWARD[number] = source
-    return source
+
+
+def release_frame() -> None:
+    """Let go of the frame capture keeps (at a sync): a function that returned since keeps its
+    locals, tensors among them, only until the next op or sync."""
+    capturing = _CAPTURING
+    capturing.frame, capturing.entry, capturing.at = None, None, {}
 
 
 def _walk(frame, entry: module_paths.Entry | None) -> tuple[Frame | None, Frame | None]:

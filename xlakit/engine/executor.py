@@ -174,6 +174,7 @@ class Engine:
         """Compute pending values. `tensors=None` is a step marker (all live
         tensors; may donate); a list is a partial sync (never donates).
         Returns (cache entry, graph) of the execution, or None if nothing was pending."""
+        sources.release_frame()  # first: what only a returned function's frame held dies before the live are read
         with self._lock:
             full = tensors is None
             if full:
