@@ -42,7 +42,7 @@ from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import autocast, dynamo_frames, install, labels
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, unwrap
-from ..front.tensor import note_computed
+from ..front.tensor import lazy_value, note_computed
 from . import compiled_call, fx_interpreter
 from .fx_interpreter import CompiledGraph
 
@@ -99,7 +99,7 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     def run(*inputs, direct: bool = False, bare: frozenset = frozenset()):
         """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined;
         `bare`: the outputs it copies into device inputs at once (CompiledCall.emit's)."""
-        values = [unwrap(t)._state if isinstance(t, torch.Tensor) and t.device == DEVICE else None for t in inputs]
+        values = [lazy_value(t) for t in inputs]
         signature = () if static else compiled_call.signature(inputs)
         call = calls.get(signature)
         if call is not None and call.joins(values, training=training, direct=direct):
@@ -238,6 +238,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
     if len(direct) != 1 or any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
         return compiled
     (run, updated, host_part), = direct
+    bare = frozenset(range(len(updated)))  # every updated input's new value: copied in or read here
 
     @torch._dynamo.disable(reason="xlakit runs the graph")
     def call(*args):
@@ -248,7 +249,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         amp = torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
         try:
             with amp:  # off around the graph, as AOTAutograd's wrapper runs it
-                outputs = run(*args, direct=True, bare=frozenset(k for k, device in enumerate(on_device) if device))
+                outputs = run(*args, direct=True, bare=bare)
         finally:
             torch._C._set_grad_enabled(grad)
         if not updated:
