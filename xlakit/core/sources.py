@@ -67,7 +67,7 @@ class _Capturing(threading.local):
     # (user, library, module, forward, Source) of the last capture: an op's neighbours mostly share its lines
     last: tuple = (None, None, None, None, None)
     # the frame the last forward op came from (past xlakit's own), the module call it ran in, and per
-    # instruction of that frame the Source found there; released at each sync (release_frame)
+    # instruction of that frame the Source found there; released at each sync in this thread (release_frame)
     frame = None
     entry = None
     at: dict = {}

@@ -87,7 +87,7 @@ class CompiledCall:
         they are): its outputs are pending lazy tensors, computed by the next sync, one
         executable with whatever else that sync computes (those wanted on the host too:
         xlakit_backend copies them there after that sync). The outputs at the positions `bare`
-        are LazyTensors not wrapped by functionalization: the caller copies them into inputs."""
+        are LazyTensors not wrapped by functionalization: the caller copies them into inputs, or reads them."""
         operands = self._arguments(inputs, values, lambda value: value.operand())
         instance = instantiate(self.graph, operands)
         outputs = []

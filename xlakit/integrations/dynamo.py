@@ -98,7 +98,8 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
 
     def run(*inputs, direct: bool = False, bare: frozenset = frozenset()):
         """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined;
-        `bare`: the outputs it copies into device inputs at once (CompiledCall.emit's)."""
+        `bare`: the outputs it takes as they are, copied into device inputs or read for host step counts
+        at once (CompiledCall.emit's)."""
         values = [lazy_value(t) for t in inputs]
         signature = () if static else compiled_call.signature(inputs)
         call = calls.get(signature)
