@@ -541,13 +541,7 @@ def test_step_counts_of_a_step_still_running_are_computed_on_the_host(dev, monke
     monkeypatch.setattr(compiled_call, "took_on_host", lambda *a: read.append(1) or took(*a))
     part = dynamo._HostPart.__call__
     monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: host_made.append(1) or part(*a))
-    on_device, reads_kept = compiled_call._on_device, []  # per read of a count: the device's value, not uploaded?
-
-    def read_kept(*args):
-        data = on_device(*args)
-        reads_kept.append(data is not None)
-        return data
-    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
+    reads_kept = _kept_reads(monkeypatch)
     eager, model, _, x = _compiled_mlp(dev)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-6) for m in (eager, model)]
     y = torch.randn(x.shape[0], 4)
@@ -570,6 +564,20 @@ def test_step_counts_of_a_step_still_running_are_computed_on_the_host(dev, monke
     assert reads_kept[-(STEPS - 1) * counts:] == [True] * (STEPS - 1) * counts, reads_kept
 
 
+def _kept_reads(monkeypatch) -> list[bool]:
+    """Per read of a step count by a compiled step, whether it read the device's kept value (not an upload)."""
+    from xlakit.integrations import compiled_call
+
+    on_device, reads_kept = compiled_call._on_device, []
+
+    def read_kept(*args):
+        data = on_device(*args)
+        reads_kept.append(data is not None)
+        return data
+    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
+    return reads_kept
+
+
 def test_a_kept_count_unlike_the_hosts_is_not_read(dev, monkeypatch):
     # the device's value of a count the host computed itself is read by the next step only once found
     # equal to the host's: made to differ here, the next step uploads the host's, which eager would read
@@ -578,13 +586,7 @@ def test_a_kept_count_unlike_the_hosts_is_not_read(dev, monkeypatch):
     monkeypatch.setattr(compiled_call, "computed", lambda t: False)
     part = dynamo._HostPart.__call__
     monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: [c + 10 for c in part(*a)])
-    on_device, reads_kept = compiled_call._on_device, []
-
-    def read_kept(*args):
-        data = on_device(*args)
-        reads_kept.append(data is not None)
-        return data
-    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
+    reads_kept = _kept_reads(monkeypatch)
     _, model, _, x = _compiled_mlp(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-6)
     compiled = torch.compile(train_step, backend="xlakit")
