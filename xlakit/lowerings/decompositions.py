@@ -10,8 +10,7 @@ import torch._decomp
 from .registry import Handling, decomposes, handled_as
 
 _BATCH_NORM = "PyTorch's decomposition, with eval-mode statistics as eager CPU returns them"
-handled_as(Handling.DECOMPOSED, "aten::_native_batch_norm_legit_no_training", "aten::native_batch_norm_backward",
-           reason=_BATCH_NORM)
+handled_as(Handling.DECOMPOSED, "aten::_native_batch_norm_legit_no_training", reason=_BATCH_NORM)
 
 
 @decomposes("aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",

@@ -486,6 +486,61 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
+# The three norms' backward ops, each one node. PyTorch's decompositions recorded ~20 ops each in
+# Python: 320-930 µs a call replayed, a tenth to a third of the recording of a layer-norm
+# transformer's step, 36% of a diffusers UNet's and 36% (with the forward) of an EfficientNet's
+# (bench/RESULTS.md, fifteenth round). Every output is computed: the op's meta kernel says which
+# it returns (to_jax drops the others), and XLA drops what is not returned.
+def _normalized_input_grad(grad_x_hat, x_hat, rstd, axes):
+    """The gradient reaching x through x_hat = (x - mean(x)) * rstd, the statistics over `axes`."""
+    n = math.prod(x_hat.shape[a] for a in axes)
+    return rstd / n * (n * grad_x_hat - grad_x_hat.sum(axis=axes, keepdims=True)
+                       - x_hat * (grad_x_hat * x_hat).sum(axis=axes, keepdims=True))
+
+
+@lowers("aten::native_layer_norm_backward")
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask):
+    """(grad_input, grad_weight, grad_bias) from the forward's saved mean and rstd."""
+    axis = input.ndim - len(normalized_shape)
+    inner, outer = tuple(range(axis, input.ndim)), tuple(range(axis))
+    stats = tuple(input.shape[:axis]) + (1,) * len(inner)
+    g, rstd = _acc(grad_out), _acc(rstd).reshape(stats)
+    x_hat = (_acc(input) - _acc(mean).reshape(stats)) * rstd
+    grad_x_hat = g * _acc(weight) if weight is not None else g
+    return (_normalized_input_grad(grad_x_hat, x_hat, rstd, inner), (g * x_hat).sum(axis=outer),
+            g.sum(axis=outer))
+
+
+@lowers("aten::native_group_norm_backward")
+def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group, output_mask):
+    """(grad_input, grad_weight, grad_bias): per group, the layer norm's gradient over its
+    channels and positions; weight and bias per channel."""
+    grouped = (N, group, C // group, HxW)
+    g, rstd = _acc(grad_out).reshape(grouped), _acc(rstd).reshape(N, group, 1, 1)
+    x_hat = (_acc(input).reshape(grouped) - _acc(mean).reshape(N, group, 1, 1)) * rstd
+    grad_x_hat = g * _acc(weight).reshape(1, group, C // group, 1) if weight is not None else g
+    return (_normalized_input_grad(grad_x_hat, x_hat, rstd, (2, 3)).reshape(input.shape),
+            (g * x_hat).sum(axis=(0, 3)).reshape(C), g.sum(axis=(0, 3)).reshape(C))
+
+
+@lowers("aten::native_batch_norm_backward")
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_invstd,
+                               train, eps, output_mask):
+    """(grad_input, grad_weight, grad_bias), channels on axis 1: in training through the batch's
+    saved statistics; in eval the running ones are constants, so the input's gradient is only scaled."""
+    axes = tuple(d for d in range(input.ndim) if d != 1)
+    channel = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    if train:
+        mean, invstd = _acc(save_mean), _acc(save_invstd)
+    else:
+        mean, invstd = _acc(running_mean), lax.rsqrt(_acc(running_var) + eps)
+    g, invstd = _acc(grad_out), invstd.reshape(channel)
+    x_hat = (_acc(input) - mean.reshape(channel)) * invstd
+    grad_x_hat = g * _acc(weight).reshape(channel) if weight is not None else g
+    grad_input = _normalized_input_grad(grad_x_hat, x_hat, invstd, axes) if train else grad_x_hat * invstd
+    return grad_input, (g * x_hat).sum(axis=axes), g.sum(axis=axes)
+
+
 @lowers("aten::native_group_norm")
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """(out, mean, rstd); mean and rstd are (N, group)."""
