@@ -9,31 +9,31 @@ import torch._decomp
 
 from .registry import Handling, decomposes, handled_as
 
-_BATCH_NORM = "PyTorch's decomposition, with eval-mode statistics as eager CPU returns them"
-handled_as(Handling.DECOMPOSED, "aten::_native_batch_norm_legit_no_training", reason=_BATCH_NORM)
+handled_as(Handling.DECOMPOSED, "aten::_native_batch_norm_legit_no_training",
+           reason="PyTorch's decomposition, with eval-mode statistics as eager CPU returns them")
 
 
-@decomposes("aten::native_batch_norm", "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_functional",
-            reason=_BATCH_NORM)
-def _batch_norm_stats_as_on_cpu(op):
-    """PyTorch's batch norm decomposition returns, in eval mode on a non-CPU
-    device, the running statistics as save_mean / save_invstd (as CUDA does);
-    eager CPU, xlakit's reference, returns empty tensors (found by xlakit.opinfo).
-    Eval-mode backward reads the running statistics, never these."""
-    decomposition = torch._decomp.decomposition_table[op]
-    names = [a.name for a in op._schema.arguments]
-    if "training" not in names:
-        return decomposition
-    position = names.index("training")
+@decomposes("aten::native_batch_norm", "aten::_native_batch_norm_legit",
+            reason="one node (lowerings/nn.py's _native_batch_norm_legit_functional), then the running "
+                   "statistics written in training; without them, PyTorch's decomposition")
+def _batch_norm_in_one_node(op):
+    """PyTorch's decomposition recorded ~30 ops in Python a call (450-520 µs replayed, an EfficientNet
+    step's 13 took a third of its recording: bench/RESULTS.md, fifteenth round). The functional op is
+    lowered whole; the in-place writes of the running statistics are the copies PyTorch's makes."""
+    without_statistics = torch._decomp.decomposition_table[op]
+    if "running_mean" not in (a.name for a in op._schema.arguments):
+        return without_statistics  # _native_batch_norm_legit.no_stats (training only: eager's eval crashes)
+    functional = torch.ops.aten._native_batch_norm_legit_functional.default
 
-    def run(*args, **kwargs):
-        # (output, save_mean, save_invstd), and the new running statistics in the functional variant
-        outputs = decomposition(*args, **kwargs)
-        training = args[position] if len(args) > position else kwargs["training"]
+    def run(input, weight, bias, running_mean, running_var, training, momentum, eps):
+        if running_mean is None or running_var is None:
+            return without_statistics(input, weight, bias, running_mean, running_var, training, momentum, eps)
+        output, mean, invstd, new_mean, new_var = functional(input, weight, bias, running_mean, running_var,
+                                                             training, momentum, eps)
         if training:
-            return outputs
-        empty = outputs[0].new_zeros((0,))
-        return (outputs[0], empty, empty, *outputs[3:])
+            running_mean.copy_(new_mean)
+            running_var.copy_(new_var)
+        return output, mean, invstd
     return run
 
 

@@ -15,6 +15,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from ..core import checks
@@ -521,6 +522,46 @@ def native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, g
     grad_x_hat = g * _acc(weight).reshape(1, group, C // group, 1) if weight is not None else g
     return (_normalized_input_grad(grad_x_hat, x_hat, rstd, (2, 3)).reshape(input.shape),
             (g * x_hat).sum(axis=(0, 3)).reshape(C), g.sum(axis=(0, 3)).reshape(C))
+
+
+def _batch_norm_functional_meta(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """The meta kernel's shapes, with the statistics as eager CPU returns them (PyTorch's kernel
+    gives them as CUDA does): the saved ones in the input's dtype, and in eval empty, not the
+    running ones (found by xlakit.opinfo); the new running ones in the running ones' dtypes."""
+    output, mean, invstd, new_mean, new_var = torch.ops.aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps)
+    running = new_mean.to(running_mean.dtype), new_var.to(running_var.dtype)
+    if training:
+        return output, mean.to(input.dtype), invstd.to(input.dtype), *running
+    empty = input.new_empty((0,))
+    return output, empty, empty, *running
+
+
+@lowers("aten::_native_batch_norm_legit_functional", meta=_batch_norm_functional_meta)
+def _native_batch_norm_legit_functional(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(output, save_mean, save_invstd, new running mean, new running var), channels on axis 1:
+    in training the batch's statistics, the running ones moved toward them (the variance unbiased);
+    in eval the running ones, unchanged, and the saved ones empty (_batch_norm_functional_meta)."""
+    axes = tuple(d for d in range(input.ndim) if d != 1)
+    channel = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    x = _acc(input)
+    if training:
+        mean = x.mean(axis=axes)
+        var = jnp.square(x - mean.reshape(channel)).mean(axis=axes)
+        n = x.size // input.shape[1]  # above 1: the meta kernel divides by n - 1 first
+        new_mean = momentum * mean + (1 - momentum) * _acc(running_mean)
+        new_var = momentum * var * (n / (n - 1)) + (1 - momentum) * _acc(running_var)
+    else:
+        mean, var = _acc(running_mean), _acc(running_var)
+        new_mean, new_var = running_mean, running_var
+    invstd = lax.rsqrt(var + eps)
+    output = (x - mean.reshape(channel)) * invstd.reshape(channel)
+    if weight is not None:
+        output = output * _acc(weight).reshape(channel)
+    if bias is not None:
+        output = output + _acc(bias).reshape(channel)
+    saved = (mean, invstd) if training else (jnp.zeros((0,), x.dtype),) * 2
+    return (output, *saved, new_mean, new_var)
 
 
 @lowers("aten::native_batch_norm_backward")
