@@ -200,3 +200,31 @@ def test_replayed_steps_branch_as_fresh_ones(dev):
         torch.testing.assert_close(lazy_w.detach().cpu(), w.detach())
         per_step.append([r.trigger for r in records])
     assert per_step == [["mark_step"], ["mark_step"], ["item", "mark_step"], ["mark_step"], ["mark_step"]]
+
+
+def test_a_read_is_answered_again_only_from_the_same_ops_and_host_values(dev, monkeypatch):
+    """A read answered before, from the same ops, constants and host values, is not run again
+    (transformers' models read the same one every step); a new value, a new constant or another
+    op is computed, each eager's."""
+    from xlakit.front import host_reads
+    from xlakit.lowerings import eager
+
+    host_reads._ANSWERS.clear()  # what earlier tests in this process read
+    ran = []
+    run_node = eager.run_node
+    monkeypatch.setattr(eager, "run_node", lambda node, host: ran.append(node.op) or run_node(node, host))
+    cumsum = lambda m: (m.cumsum(0) + 2 == 3).tolist()  # noqa: E731
+    reads = [  # (host values, the read, whether eager runs it)
+        ([1, 1, 0], cumsum, True),
+        ([1, 1, 0], cumsum, False),                                      # the same: not run again
+        ([1, 0, 1], cumsum, True),                                       # a padded mask
+        ([1, 1, 0], lambda m: (m.cumsum(0) + 5 == 3).tolist(), True),    # another constant
+        ([1, 1, 0], lambda m: (m.cumprod(0) + 2 == 3).tolist(), True),   # another op
+        ([1, 0, 1], cumsum, False),                                      # the padded one again: kept
+    ]
+    for values, f, runs in reads:
+        ran.clear()
+        mask = torch.tensor(values)
+        got, executed = read_on_host(dev, f, mask)
+        assert (got, executed) == (f(mask), 0)
+        assert bool(ran) == runs, (values, ran)
