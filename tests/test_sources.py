@@ -139,6 +139,24 @@ def test_one_library_line_called_from_two_user_lines_names_each_caller(dev, monk
         assert lines == [(first, 2), (first + 1, 2)]
 
 
+def test_two_backward_calls_from_two_user_lines_name_each_caller(dev):
+    """capture() reuses the frames a backward op's walk found at an instruction of the frame the
+    last op came from (autograd's engine calls each op of a backward from one frame and instruction,
+    a new frame per backward): each backward's ops name the line that called it, the line of the
+    forward op whose gradient they compute, recorded and replayed."""
+    w = torch.ones(3).to(dev).requires_grad_()
+    for _ in range(3):
+        line = sys._getframe().f_lineno + 1
+        twice, thrice = (w * 2).sum(), (
+            w * 3).sum()
+        twice.backward()  # the two backward calls, back to back
+        thrice.backward()
+        xlakit.mark_step()
+        backward = [n.source for n in xlakit.last_step().graph.nodes if n.source.forward is not None]
+        assert {(s.forward.user.line, s.user.line) for s in backward} == {(line, line + 2), (line + 1, line + 3)}
+        w.grad = None
+
+
 def test_a_library_generator_resumed_from_two_user_lines_names_each_caller(dev, monkeypatch):
     """A generator's frame stays one object while callers resume it from other lines: the
     frame capture() reuses what it found in is never a generator's."""

@@ -66,11 +66,13 @@ class _Capturing(threading.local):
     source: Source | None = None
     # (user, library, module, forward, Source) of the last capture: an op's neighbours mostly share its lines
     last: tuple = (None, None, None, None, None)
-    # the frame the last forward op came from (past xlakit's own), the module call it ran in, and per
-    # instruction of that frame the Source found there; released at each sync in this thread (release_frame)
+    # the frame the last op came from (past xlakit's own), the module call it ran in, and per instruction
+    # of that frame the Source a forward op found there (`at`) and the frames a backward op's walk found
+    # there (`walks`); released at each sync in this thread (release_frame)
     frame = None
     entry = None
     at: dict = {}
+    walks: dict = {}
 
 
 _CAPTURING = _Capturing()  # one thread-local read an op, not two (~0.1 µs of a replayed op)
@@ -160,11 +162,13 @@ def capture(skip: int = 1) -> Source | None:
         if not own or entry is not None and frame is entry.frame:
             break
         frame = frame.f_back
+    # An op from the frame the last one came from (not None: a thread with no Python frame of its own),
+    # in the same module call: what was found at this instruction before. While that frame runs, every
+    # frame above it waits where it waited then; a generator's frame, which another caller may resume,
+    # is not kept.
+    again = frame is capturing.frame and entry is capturing.entry and frame is not None
     if node is None:
-        # A forward op from the frame the last one came from, in the same module call: the Source
-        # found at this instruction before. While that frame runs, every frame above it waits where
-        # it waited then; a generator's frame, which another caller may resume, is not kept.
-        if frame is capturing.frame and entry is capturing.entry:
+        if again:  # a forward op: the Source
             source = capturing.at.get(frame.f_lasti)
             if source is not None:
                 if _grad_enabled():  # _name_forward_node, inlined: this is most ops' path
@@ -173,9 +177,13 @@ def capture(skip: int = 1) -> Source | None:
                         _FORWARD[number] = source
                 return source
         module, forward = entry.path if entry is not None else "", None
+        user, library = _walk(frame, entry)
     else:
         module, forward = module_paths.path_of(node, entry), _FORWARD.get(node._sequence_nr())
-    user, library = _walk(frame, entry)
+        # a backward op: the frames (autograd's engine calls each op of a backward from one frame and
+        # instruction; the module path and forward op are the op's own)
+        walked = capturing.walks.get(frame.f_lasti) if again else None
+        user, library = walked or _walk(frame, entry)
     last = capturing.last
     if user is last[0] and library is last[1] and module == last[2] and forward is last[3]:
         source = last[4]
@@ -187,12 +195,16 @@ def capture(skip: int = 1) -> Source | None:
         if source is None:
             source = _SOURCES[key] = Source(user, library, module, forward)
         capturing.last = (user, library, module, forward, source)
-    if node is None:
-        if frame is not capturing.frame or entry is not capturing.entry:
-            kept = frame is not None and not frame.f_code.co_flags & _RESUMABLE
-            capturing.frame, capturing.entry, capturing.at = (frame, entry, {}) if kept else (None, None, {})
-        if capturing.frame is not None:
+    if frame is not capturing.frame or entry is not capturing.entry:
+        kept = frame is not None and not frame.f_code.co_flags & _RESUMABLE
+        capturing.frame, capturing.entry, capturing.at, capturing.walks = \
+            (frame, entry, {}, {}) if kept else (None, None, {}, {})
+    if capturing.frame is not None:
+        if node is None:
             capturing.at[frame.f_lasti] = source
+        else:
+            capturing.walks[frame.f_lasti] = (user, library)
+    if node is None:
         _name_forward_node(source)
     return source
 
@@ -209,7 +221,7 @@ def release_frame() -> None:
     """Let go of the frame capture keeps (at a sync): a function that returned since keeps its
     locals, tensors among them, only until the next op or sync."""
     capturing = _CAPTURING
-    capturing.frame, capturing.entry, capturing.at = None, None, {}
+    capturing.frame, capturing.entry, capturing.at, capturing.walks = None, None, {}, {}
 
 
 def _walk(frame, entry: module_paths.Entry | None) -> tuple[Frame | None, Frame | None]:
