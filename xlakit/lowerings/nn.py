@@ -487,16 +487,20 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
-# The three norms' backward ops, each one node. PyTorch's decompositions recorded ~20 ops each in
-# Python: 320-930 µs a call replayed, a tenth to a third of the recording of a layer-norm
-# transformer's step, 36% of a diffusers UNet's and 36% (with the forward) of an EfficientNet's
-# (bench/RESULTS.md, fifteenth round). Every output is computed: the op's meta kernel says which
-# it returns (to_jax drops the others), and XLA drops what is not returned.
+# The norms' backward ops and the batch norm, one node each. PyTorch's decompositions recorded ~20-30
+# ops each through Python at every call (320-930 µs replayed): up to a third of a model's recording a
+# step (bench/RESULTS.md, fifteenth round). Every output is computed: the op's shape rule says which it
+# returns (to_jax drops the others), and XLA drops what is not returned.
 def _normalized_input_grad(grad_x_hat, x_hat, rstd, axes):
     """The gradient reaching x through x_hat = (x - mean(x)) * rstd, the statistics over `axes`."""
     n = math.prod(x_hat.shape[a] for a in axes)
     return rstd / n * (n * grad_x_hat - grad_x_hat.sum(axis=axes, keepdims=True)
                        - x_hat * (grad_x_hat * x_hat).sum(axis=axes, keepdims=True))
+
+
+def _per_channel(input) -> tuple:
+    """(every axis but the channels', the shape a channel's value broadcasts in): channels on axis 1."""
+    return tuple(d for d in range(input.ndim) if d != 1), (1, input.shape[1]) + (1,) * (input.ndim - 2)
 
 
 @lowers("aten::native_layer_norm_backward")
@@ -542,8 +546,7 @@ def _native_batch_norm_legit_functional(input, weight, bias, running_mean, runni
     """(output, save_mean, save_invstd, new running mean, new running var), channels on axis 1:
     in training the batch's statistics, the running ones moved toward them (the variance unbiased);
     in eval the running ones, unchanged, and the saved ones empty (_batch_norm_functional_meta)."""
-    axes = tuple(d for d in range(input.ndim) if d != 1)
-    channel = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    axes, channel = _per_channel(input)
     x = _acc(input)
     if training:
         mean = x.mean(axis=axes)
@@ -569,8 +572,7 @@ def native_batch_norm_backward(grad_out, input, weight, running_mean, running_va
                                train, eps, output_mask):
     """(grad_input, grad_weight, grad_bias), channels on axis 1: in training through the batch's
     saved statistics; in eval the running ones are constants, so the input's gradient is only scaled."""
-    axes = tuple(d for d in range(input.ndim) if d != 1)
-    channel = (1, input.shape[1]) + (1,) * (input.ndim - 2)
+    axes, channel = _per_channel(input)
     if train:
         mean, invstd = _acc(save_mean), _acc(save_invstd)
     else:
