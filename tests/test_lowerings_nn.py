@@ -243,8 +243,7 @@ def _as(dtype, args):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name", ["layer_norm_backward", "group_norm_backward", "batch_norm_backward_train",
-                                  "batch_norm_functional_train", "batch_norm_functional_eval"])
+@pytest.mark.parametrize("name", ["layer_norm_backward", "group_norm_backward", "batch_norm_backward_train"])
 def test_a_norms_backward_in_half_precision_is_as_close_to_eager_as_eager_is_to_float64(dev, name, dtype):
     """Computed in float32 and rounded, as eager's CPU kernels do: each output no further from
     eager's than twice eager's own distance from the same op in float64 (and its rounding)."""
@@ -257,8 +256,6 @@ def test_a_norms_backward_in_half_precision_is_as_close_to_eager_as_eager_is_to_
             assert got is None
             continue
         assert got.dtype == want.dtype and got.shape == want.shape
-        if not want.numel():  # eval's saved statistics
-            continue
         spread = (want.double() - ref).abs().max().item()
         ulp = torch.finfo(dtype).eps * ref.abs().max().item()
         assert (got.cpu().double() - want.double()).abs().max().item() <= 2 * spread + ulp
