@@ -229,7 +229,7 @@ def test_nn_op_lowers_and_matches_eager(dev, name):
 
 @pytest.mark.parametrize("name", ["layer_norm_backward", "group_norm_backward", "batch_norm_backward_train",
                                   "batch_norm_functional_train"])
-def test_a_norms_backward_is_one_node(dev, name):
+def test_a_norm_is_one_node(dev, name):
     """Lowered whole, not PyTorch's decomposition (~20 ops recorded in Python at each call:
     bench/RESULTS.md, fifteenth round)."""
     op, args = CASES[name]()
