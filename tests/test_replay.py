@@ -271,7 +271,7 @@ def test_a_compiled_graph_recorded_again_replays_only_on_inputs_from_the_same_pl
     x = torch.randn(2, 4)
     xd = x.to(dev)
     replays = []
-    for choice in [0, 1, 0, 1, 0, 1, 1, 1]:
+    for choice in [0, 1, 0, 1, 0, 1, 1, 1, 1]:
         loss = compiled([xd * 2, xd * 3][choice]).square().sum()
         loss.backward()
         xlakit.mark_step()
@@ -282,9 +282,13 @@ def test_a_compiled_graph_recorded_again_replays_only_on_inputs_from_the_same_pl
             torch.testing.assert_close(p.grad.cpu(), q.grad)
             p.grad, q.grad = None, None
         replays.append(last().replay)
-    # steps 2 and 3 are recorded to be matched (the tape's back-off); 4 and 5 differ from the step before
-    assert all("compiled graph recorded again on inputs from other places" in r.why for r in replays[4:6]), replays
-    assert all(r.recorded == 0 for r in replays[6:]), replays
+    # the first step's graphs ran as they were traced: its marker computes nothing, yet the run after
+    # it begins there; that one is traced, the next recorded to be matched; steps 3 to 5 differ from
+    # the step before, so step 6 is not recorded (the tape's back-off); the same inputs again replay
+    assert "not kept for replay" in replays[1].why and "replay it" in replays[2].why, replays
+    assert all("compiled graph recorded again on inputs from other places" in r.why for r in replays[3:6]), replays
+    assert "each differed from the one before" in replays[6].why, replays
+    assert all(r.recorded == 0 for r in replays[7:]), replays
 
 
 SCALAR_OPS = {
@@ -515,3 +519,20 @@ def test_a_python_scalar_is_checked_against_the_dtype_its_op_has_now(dev):
         got = x.to(dev).clamp(-bound, bound).cpu()
         xlakit.mark_step()
         assert torch.equal(got, x.clamp(-bound, bound)), dtype
+
+
+def test_a_marker_with_nothing_to_compute_ends_its_run(dev):
+    """A loop whose results die before its marker (a step that only keeps what it read) computes
+    nothing at the marker: its run still ends there, so the next step's ops are matched against
+    it and replayed, and the dead steps' nodes (and the buffers they read) are not kept."""
+    engine().forget_recordings()
+    x = torch.randn(4, 5)
+    lx = x.to(dev)
+    for keep in (False, False, False, True):  # one marker line: the runs it begins are matched
+        y = (lx * 2).sin()
+        if not keep:
+            del y
+            assert engine()._tape._run.ops == 2  # this step's ops alone, not those of the steps before
+        xlakit.mark_step()
+    assert last().replay.recorded == 0 and last().replay.replayed == 2, last().replay
+    torch.testing.assert_close(y.cpu(), (x * 2).sin())

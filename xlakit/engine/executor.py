@@ -194,6 +194,9 @@ class Engine:
             # asserts first: the graph then traces each before the ops recorded after it (Check.halts)
             targets = [t for t in (*asserts, *targets) if t.node is not None]
             if not targets:
+                if full:  # the step's ops all died: its run ends here, as a computing marker's does, and
+                    # what it held goes (kept open, it grew by every step and held their nodes and buffers)
+                    self._tape.close((trigger, source), full=True).release()
                 return None
             run = self._tape.close((trigger, source), full=full)
             try:
