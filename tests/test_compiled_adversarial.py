@@ -755,6 +755,41 @@ def test_tensors_kept_between_steps_that_alias_weights_and_moments_see_their_upd
     _check_log(log)
 
 
+
+class FlatNet(torch.nn.Module):
+    """Two weights that are views of one flat buffer the module also keeps (as FSDP's flat
+    parameters): an update of either weight shows in the buffer."""
+
+    def __init__(self, device=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.register_buffer("flat", torch.randn(8 * 16 + 16 * 4).to(device))
+        self.w1 = torch.nn.Parameter(self.flat[:128].view(16, 8))
+        self.w2 = torch.nn.Parameter(self.flat[128:].view(4, 16))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w1.t()) @ self.w2.t()
+
+
+def test_weights_that_share_storage_with_a_buffer_and_each_others_data_see_each_update(dev):
+    """The optimizer's graph gives each updated weight its new value in place of a new tensor
+    (CompiledCall.emit's `into`): what shares the weight's storage (the flat buffer it views, its
+    `.data`, kept across steps) sees every update, a clone keeps the value it had."""
+    eager, model = FlatNet(), FlatNet(dev)
+    eager_opt, opt = _adamw(eager.parameters()), _adamw(model.parameters())
+    compiled = torch.compile(_train_step, backend="xlakit")
+    kept = [(m.w1.data, m.w2.detach().clone()) for m in (model, eager)]
+    with dynamo_log() as log:
+        for k in range(STEPS):
+            x, y = _batch(k)
+            _same(compiled(model, opt, x.to(dev), y.to(dev)), _train_step(eager, eager_opt, x, y))
+            (data, clone), (want_data, want_clone) = kept
+            _same(data, want_data)
+            _same(clone, want_clone)
+            _same(model.w1, eager.w1)
+    _same_state(model, eager, [(opt, eager_opt)])
+    _check_log(log)
+
 def _add_into(a, b):
     a.add_(b)
     a[:, 0].zero_()        # and in place on a view of it

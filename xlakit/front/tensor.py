@@ -116,15 +116,13 @@ def unwrap(t: torch.Tensor) -> LazyTensor:
     return inner
 
 
-def lazy_value(t) -> LiveValue | None:
-    """The value behind `t` where it is a tensor on the device, else None: the device's test and
+def lazy_tensor(t) -> LazyTensor | None:
+    """The LazyTensor behind `t` where it is a tensor on the device, else None: the device's test and
     unwrap in one, with no torch.device made to compare (a compiled step's graphs read ~275 inputs)."""
     if isinstance(t, LazyTensor):
-        return t._state
+        return t
     if isinstance(t, torch.Tensor):
-        inner = _inner(t)
-        if inner is not None:
-            return inner._state
+        return _inner(t)
     return None
 
 

@@ -17,6 +17,7 @@ from ..core.ir import Aval, DeviceData, Graph, instantiate, structure
 from ..core.state import PROCESS
 from ..engine import compiled, keys
 from ..engine.executor import current
+from ..engine.values import LiveValue
 from ..front.recorder import DEVICE, new_tensor, unwrap
 
 # An optimizer's host step counts, each with the device value the last step computed for it:
@@ -82,22 +83,31 @@ class CompiledCall:
                     return True
         return False
 
-    def emit(self, inputs: list, values: list, bare: frozenset = frozenset()):
+    def emit(self, inputs: list, values: list, bare: frozenset = frozenset(), into: dict | None = None):
         """The graph recorded again into the lazy IR on these inputs (pending ones read as
         they are): its outputs are pending lazy tensors, computed by the next sync, one
         executable with whatever else that sync computes (those wanted on the host too:
         xlakit_backend copies them there after that sync). The outputs at the positions `bare`
-        are LazyTensors not wrapped by functionalization: the caller copies them into inputs, or reads them."""
+        are LazyTensors not wrapped by functionalization: the caller copies them into inputs, or reads them.
+        `into`: per bare output position, the LazyTensor behind the input that output is copied into,
+        which takes the new value itself where its shape and dtype match: no tensor is made for it
+        (and none dies), and the caller's copy finds the input's own LazyTensor (dynamo._copy_in)."""
         operands = self._arguments(inputs, values, lambda value: value.operand())
         instance = instantiate(self.graph, operands)
         outputs = []
+        engine = current()
         for k, out in enumerate(self.outputs):
             if out is None or isinstance(out, int):
                 outputs.append(out if out is None else inputs[out])
-            else:
-                (position, index), aval = self.graph.roots[out[0]], out[1]
-                new = new_tensor(aval, instance.root(position), index)
-                outputs.append(new if k in bare else torch._to_functional_tensor(new))
+                continue
+            (position, index), aval = self.graph.roots[out[0]], out[1]
+            target = into.get(k) if into else None
+            if target is not None and engine.value_of(target).aval == aval:
+                engine.register(target, LiveValue(aval, instance.root(position), index, None))
+                outputs.append(target)
+                continue
+            new = new_tensor(aval, instance.root(position), index)
+            outputs.append(new if k in bare else torch._to_functional_tensor(new))
         current().recorded_graph(self.graph, operands, instance)  # with the roots its outputs hold
         return outputs
 

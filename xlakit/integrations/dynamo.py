@@ -42,7 +42,7 @@ from ..engine import cache, compiled
 from ..engine.executor import current
 from ..front import autocast, dynamo_frames, install, labels
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, unwrap
-from ..front.tensor import lazy_value, note_computed
+from ..front.tensor import lazy_tensor, note_computed
 from . import compiled_call, fx_interpreter
 from .fx_interpreter import CompiledGraph
 
@@ -96,15 +96,18 @@ def _compile_fx(gm: torch.fx.GraphModule, example_inputs, *, forward: bool, trai
     static = all(isinstance(x, torch.Tensor) and not any(isinstance(d, torch.SymInt) for d in x.shape)
                  for x in example_inputs)
 
-    def run(*inputs, direct: bool = False, bare: frozenset = frozenset()):
+    def run(*inputs, direct: bool = False, bare: frozenset = frozenset(), copied_into: tuple = ()):
         """`direct`: called by xlakit_backend, which ends the step an optimizer's graph joined;
         `bare`: the outputs it takes as they are, copied into device inputs or read for host step counts
-        at once (CompiledCall.emit's)."""
-        values = [lazy_value(t) for t in inputs]
+        at once (CompiledCall.emit's); `copied_into`: per first output, the position of the input it is
+        copied into, where that input may take the new value itself (CompiledCall.emit's `into`), else None."""
+        lazies = [lazy_tensor(t) for t in inputs]
+        values = [None if t is None else t._state for t in lazies]
         signature = () if static else compiled_call.signature(inputs)
         call = calls.get(signature)
         if call is not None and call.joins(values, training=training, direct=direct):
-            return _to_host_at(host, call.emit(list(inputs), values, bare))
+            into = {k: lazies[i] for k, i in enumerate(copied_into) if i is not None}
+            return _to_host_at(host, call.emit(list(inputs), values, bare, into))
         _compute_pending(values, tracing=call is None)
         if call is not None:
             return call(list(inputs), values)
@@ -248,9 +251,12 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         grad = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         amp = torch._C._DisableAutocast() if torch._C._is_any_autocast_enabled() else contextlib.nullcontext()
+        # a device input updated through its functional wrapper takes its new value itself (_copy_in)
+        copied_into = tuple(i if device and torch._is_functional_tensor(args[i]) else None
+                            for i, device in zip(updated, on_device))
         try:
             with amp:  # off around the graph, as AOTAutograd's wrapper runs it
-                outputs = run(*args, direct=True, bare=bare)
+                outputs = run(*args, direct=True, bare=bare, copied_into=copied_into)
         finally:
             torch._C._set_grad_enabled(grad)
         if not updated:
@@ -391,7 +397,8 @@ def _copy_in(original: torch.Tensor, new: torch.Tensor) -> None:
     copy_'s is; others are copied as AOTAutograd copies them. `new`: the graph's output, used
     once: bare (CompiledCall.emit) where the call joined the step, else functional; its
     LazyTensor becomes the input's own where it is laid out as the input is (~4 µs less a copy
-    than wrapping, unwrapping and making another: an optimizer step copies in ~3 per parameter)."""
+    than wrapping, unwrapping and making another: an optimizer step copies in ~3 per parameter),
+    or is the input's own already (CompiledCall.emit's `into`: ~3 µs less again, no tensor made)."""
     bare = new.__class__ is LazyTensor
     if torch._is_functional_tensor(original) and (bare or torch._is_functional_tensor(new)) and \
             original.shape == new.shape and original.dtype == new.dtype:
