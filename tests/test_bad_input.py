@@ -67,6 +67,23 @@ def test_failed_lowering_computes_the_node_eagerly_and_the_step_goes_on(dev, bro
     assert_same(y, host.sinh())
 
 
+
+def test_a_failed_lowering_reads_a_python_scalar_operand_from_the_host(dev, broken_sinh, monkeypatch):
+    """The eager computation of a node whose lowering failed reads its operands on the host:
+    a lifted Python scalar among them, kept on the host (core/transfer.lifted_scalar), too."""
+    from xlakit import lowerings
+
+    def broken(*args, **kwargs):
+        raise ValueError("injected lowering fault")
+
+    monkeypatch.setitem(lowerings.TABLE, "aten::add.Tensor", lowerings.Entry(lowering=lowerings.Lowering(broken)))
+    x = torch.linspace(-1, 1, 4).to(dev)
+    xlakit.mark_step()
+    y = x + 2.5
+    with pytest.warns(UserWarning, match=r"add.*runs eagerly on CPU \(its XLA lowering failed: injected"):
+        xlakit.mark_step()
+    assert_same(y, torch.linspace(-1, 1, 4) + 2.5)
+
 def test_strict_lowering_failure_poisons_only_its_dependents(dev, broken_sinh, monkeypatch):
     monkeypatch.setattr(xlakit.config, "strict_lowering", True)
     x = torch.ones(4, device=dev)

@@ -88,7 +88,9 @@ class Source:
 
 
 class DeviceData:
-    """One device buffer (a jax.Array) and what is known about who may reuse it."""
+    """One device buffer (a jax.Array) and what is known about who may reuse it. A lifted
+    scalar's array is a 0-d numpy array on the host, which the executable's call moves
+    (core/transfer.lifted_scalar)."""
 
     __slots__ = ("array", "aval", "label", "read_only", "donated", "__weakref__")
 

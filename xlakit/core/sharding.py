@@ -175,7 +175,8 @@ def plan(graph: Graph, donors: tuple[int, ...], marks: list | None = None) -> Pl
     takes a donated input's buffer keeps that input's sharding (a parameter
     updated in place stays sharded as it was), a marked output its mark's."""
     marks = constraints(graph) if marks is None else marks  # known: a replayed step's (engine/tape.py)
-    shardings = [p.array.sharding for p in graph.params]
+    # a lifted scalar kept on the host (transfer.lifted_scalar) has none: replicated where it goes
+    shardings = [None if p.array.__class__ is np.ndarray else p.array.sharding for p in graph.params]
     named = [s for s in shardings if isinstance(s, NamedSharding)]
     # the mesh of what is split decides; a replicated input can move to it
     meshes = [s.mesh for s in named if not s.is_fully_replicated] + [s.mesh for _, s in marks] + \
@@ -188,7 +189,7 @@ def plan(graph: Graph, donors: tuple[int, ...], marks: list | None = None) -> Pl
     for i, (p, s) in enumerate(zip(graph.params, shardings)):
         if isinstance(s, NamedSharding) and s.mesh == mesh:
             inputs.append(s)
-        elif s.is_fully_replicated:
+        elif s is None or s.is_fully_replicated:
             inputs.append(replicated)
         else:
             raise ValueError(
@@ -221,7 +222,7 @@ def arguments(graph: Graph, placement: Placement | None) -> list:
     arrays = []
     for p, s in zip(graph.params, placement.inputs):
         array = p.array
-        if not array.sharding.is_equivalent_to(s, array.ndim):
+        if array.__class__ is np.ndarray or not array.sharding.is_equivalent_to(s, array.ndim):
             array = transfer.place(array, s)
             if not p.read_only:
                 p.array = array
