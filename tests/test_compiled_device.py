@@ -528,73 +528,59 @@ def test_step_counts_stay_the_host_tensors_eager_keeps_each_counted_once_a_step(
         [(s["step"].device, s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[0].state.values()]
 
 
-def test_step_counts_of_a_step_still_running_are_computed_on_the_host(dev, monkeypatch):
-    # dispatched ahead, a step's result for each count may still be computing: reading it waited for
-    # the whole executable, so the next step's Python could not run beside it. The counts are then
-    # computed by torch on the host, as eager computes them, and the next step reads the device's
-    # value once it is computed and equal to the host's: one execution a step, one key
-    from xlakit.integrations import compiled_call, dynamo
+@pytest.mark.parametrize("wait", [True, False], ids=["waiting", "dispatched_ahead"])
+def test_step_counts_are_computed_on_the_host_and_reach_the_executable_from_it(dev, monkeypatch, wait):
+    # each step's counts are computed by torch on the host from the host's, as eager computes them,
+    # never read from the step's result (which waited for a step dispatched ahead); the next step's
+    # executable takes them from the host with its call: no upload of their own (core/transfer.host_data),
+    # one execution a step, one key
+    import jax
 
-    monkeypatch.setattr(compiled_call, "computed", lambda t: False)  # each step: still running
-    read, host_made = [], []
-    took = compiled_call.took_on_host
-    monkeypatch.setattr(compiled_call, "took_on_host", lambda *a: read.append(1) or took(*a))
+    from xlakit.integrations import dynamo
+
+    monkeypatch.setattr(xlakit.config, "wait_for_execution", wait)
+    read, host_made, uploads = [], [], []
+    monkeypatch.setattr(dynamo, "_computed_on_host", lambda t: read.append(t))
     part = dynamo._HostPart.__call__
     monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: host_made.append(1) or part(*a))
-    reads_kept = _kept_reads(monkeypatch)
+    put = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda x, *a, **k: uploads.append(getattr(x, "shape", None)) or put(x, *a, **k))
     eager, model, _, x = _compiled_mlp(dev)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, eps=1e-6) for m in (eager, model)]
     y = torch.randn(x.shape[0], 4)
+    xd, yd = x.to(dev), y.to(dev)
     compiled = torch.compile(train_step, backend="xlakit")
     keys = []
     for step in range(STEPS):
         with xlakit.capture() as records:
-            got = compiled(model, opts[1], (x.to(dev),), y.to(dev), torch.nn.functional.mse_loss)
+            got = compiled(model, opts[1], (xd,), yd, torch.nn.functional.mse_loss)
         want = train_step(eager, opts[0], (x,), y, torch.nn.functional.mse_loss)
         assert_same(got.detach(), want.detach(), **TOL)
         keys.append([r.key for r in records])
-    assert (len(host_made), read) == (STEPS, [])
+        if step == 0:
+            uploads.clear()  # the first step traces its graphs
+    xlakit.wait()
+    assert (len(host_made), read, uploads) == (STEPS, [], [])
     assert all(k == keys[1] and len(k) == 1 for k in keys[1:]), keys  # after the first step's traces
     for p, q in zip(model.parameters(), eager.parameters()):
         assert_same(p.detach(), q.detach(), **TOL)
     assert [(s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[1].state.values()] == \
         [(s["step"].dtype, s["step"].item(), s["step"]._version) for s in opts[0].state.values()]
-    # each step after the first reads the counts the step before computed, found equal to the host's
-    counts = len(opts[1].state)
-    assert reads_kept[-(STEPS - 1) * counts:] == [True] * (STEPS - 1) * counts, reads_kept
 
 
-def _kept_reads(monkeypatch) -> list[bool]:
-    """Per read of a step count by a compiled step, whether it read the device's kept value (not an upload)."""
-    from xlakit.integrations import compiled_call
+def test_the_next_step_reads_the_hosts_count_not_the_devices(dev, monkeypatch):
+    # the host's count is what the next step reads: made to differ from the device's result here
+    # (10 more each step), the step after reads the host's, as eager would
+    from xlakit.integrations import dynamo
 
-    on_device, reads_kept = compiled_call._on_device, []
-
-    def read_kept(*args):
-        data = on_device(*args)
-        reads_kept.append(data is not None)
-        return data
-    monkeypatch.setattr(compiled_call, "_on_device", read_kept)
-    return reads_kept
-
-
-def test_a_kept_count_unlike_the_hosts_is_not_read(dev, monkeypatch):
-    # the device's value of a count the host computed itself is read by the next step only once found
-    # equal to the host's: made to differ here, the next step uploads the host's, which eager would read
-    from xlakit.integrations import compiled_call, dynamo
-
-    monkeypatch.setattr(compiled_call, "computed", lambda t: False)
     part = dynamo._HostPart.__call__
     monkeypatch.setattr(dynamo._HostPart, "__call__", lambda *a: [c + 10 for c in part(*a)])
-    reads_kept = _kept_reads(monkeypatch)
     _, model, _, x = _compiled_mlp(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-6)
     compiled = torch.compile(train_step, backend="xlakit")
-    for _ in range(2):
+    for _ in range(3):
         compiled(model, opt, (x.to(dev),), torch.randn(x.shape[0], 4).to(dev), torch.nn.functional.mse_loss)
-    counts = len(opt.state)
-    assert reads_kept[-counts:] == [False] * counts, reads_kept
-    assert [s["step"].item() for s in opt.state.values()] == [22.0] * counts  # 0 + 1 + 10, then + 1 + 10
+    assert [s["step"].item() for s in opt.state.values()] == [33.0] * len(opt.state)  # 0, + 1 + 10 each step
 
 
 def _amp_step(model, optimizer, x, y, whole):

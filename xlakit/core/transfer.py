@@ -156,6 +156,12 @@ def lifted_scalar(value: float, dtype: torch.dtype) -> DeviceData:
     data = _SCALARS.get(key)
     if data is None:
         host = torch.tensor(value, dtype=dtype)
-        data = _SCALARS[key] = DeviceData(_host_array(host), Aval((), dtype), label="scalar", read_only=True)
+        data = _SCALARS[key] = host_data(host, label="scalar")
         keep_host_copy(data, host)
     return data
+
+
+def host_data(t: torch.Tensor, *, label: str | None = None) -> DeviceData:
+    """`t`'s value as a read-only input kept on the host (a numpy array): the call of the
+    executable that reads it moves it with its other arguments (see lifted_scalar)."""
+    return DeviceData(_host_array(t), Aval(tuple(t.shape), t.dtype), label=label, read_only=True)

@@ -1,30 +1,21 @@
 """One FX graph's compiled call: after its first call became one executable, a later call
 with the same input signature runs that executable directly on the inputs' device buffers
 (donating those it updates, engine/compiled.py), or records its graph again into the lazy
-step (`CompiledCall.emit`); its random draws drawn again, and an optimizer's host step
-counts read from the device value the last step computed (took_on_host, keep_on_device).
+step (`CompiledCall.emit`); its random draws drawn again, and its host inputs (an optimizer's
+step counts) passed from the host with the executable's call.
 """
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
-import numpy as np
 import torch
 
 from ..core import sharding, transfer
-from ..core.ir import Aval, DeviceData, Graph, instantiate, structure
-from ..core.state import PROCESS
+from ..core.ir import DeviceData, Graph, instantiate, structure
 from ..engine import compiled, keys
 from ..engine.executor import current
 from ..engine.values import LiveValue
-from ..front.recorder import DEVICE, new_tensor, unwrap
-
-# An optimizer's host step counts, each with the device value the last step computed for it:
-# the next step reads that value instead of uploading the host tensor again (an upload of the
-# step counts per step: ~270 µs of a small model's ~2.5 ms step; 1.4 ms for bench's Llama's 39).
-_ON_DEVICE = PROCESS.memo("integrations.compiled_call: step counts on the device", 1 << 16,
-                          "a host input a compiled step wrote is read by the next step from the device, not uploaded")
+from ..front.recorder import new_tensor
 
 
 class CompiledCall:
@@ -112,33 +103,23 @@ class CompiledCall:
         return outputs
 
     def _arguments(self, inputs: list, values: list, of_value) -> list:
-        """Per executable input, its device data (or, with `of_value` LiveValue.operand, a pending
-        input's (node, output)): the inputs' (`of_value(LiveValue)`), draws drawn again, host
-        inputs uploaded, constants as traced."""
+        """Per executable input, its data (or, with `of_value` LiveValue.operand, a pending
+        input's (node, output)): the inputs' (`of_value(LiveValue)`), draws drawn again, constants as
+        traced. Host inputs (an optimizer's step counts) and draws stay on the host, moved by the
+        executable's call with its other arguments (transfer.host_data): an upload of their own
+        cost 90-380 µs after an execution on JAX's CPU client."""
         # all draws, in eager's order, also those the executable does not read: the generator
         # then stands where eager's does after the same call
-        drawn = dict(zip(map(id, self.draws), transfer.to_device_many([d.draw() for d in self.draws]))) \
-            if self.draws else {}
-        avals = self.graph.param_avals
+        drawn = {id(d): transfer.host_data(d.draw()) for d in self.draws}
         arguments = []
-        host = []  # host inputs (an optimizer's step counts), uploaded together
-        for k, src in enumerate(self.param_sources):
+        for src in self.param_sources:
             if isinstance(src, int):
-                if values[src] is None:  # on the host: its value kept on the device, or uploaded below
-                    arguments.append(_on_device(inputs[src], avals[k]))
-                    if arguments[-1] is None:
-                        host.append(k)
-                else:
-                    arguments.append(of_value(values[src]))
+                value = values[src]
+                arguments.append(transfer.host_data(inputs[src]) if value is None else of_value(value))
             elif isinstance(src, Draw):
-                arguments.append(DeviceData(drawn[id(src)], avals[k]))
+                arguments.append(drawn[id(src)])
             else:
                 arguments.append(src)
-        if host:
-            # read-only, as the device value kept for a host input is (took_on_host): a step that
-            # uploads them and the next, which reads them kept, donate alike (one key, one compile)
-            for k, array in zip(host, transfer.to_device_many([inputs[self.param_sources[k]] for k in host])):
-                arguments[k] = DeviceData(array, avals[k], read_only=True)
         return arguments
 
     def _donated(self, values: list) -> dict:
@@ -204,82 +185,3 @@ def plan(entry, graph, placeholder_data, output_values, updated: list, draws: li
     placement = sharding.plan(graph, tuple(sorted(donors))) if donors else None
     return CompiledCall(entry, keys.metadata_digest(graph), structure(graph), placement, sources, outputs,
                          list(redrawn.values()), donors, to_host, updates)
-
-
-def computed(t: torch.Tensor) -> bool:
-    """Whether reading `t` waits for nothing: a host tensor, or a device one its step computed
-    (not one a step dispatched ahead, `config.wait_for_execution = False`, is still computing)."""
-    if t.device != DEVICE:
-        return True
-    state = unwrap(t)._state
-    state.resolve()
-    return state.data is not None and state.data.array.is_ready()
-
-
-def took_on_host(host: torch.Tensor, new: torch.Tensor) -> bool:
-    """Give `host`, a 0-d host input the step updated (an optimizer's step count), the value `new`
-    (the graph's output for it, on the device, computed by the step that just ended): read directly
-    (no sync; a scalar is whole in every process) and written as a number, not copied through a new
-    host tensor (bench/RESULTS.md, tenth round); its device value kept for the next step to read
-    instead of uploading the host tensor (_on_device). False where it is not such a case; the caller
-    then copies `new` in as AOTAutograd would."""
-    data = _count_buffer(host, new)
-    if data is None:
-        return False
-    host.fill_(np.asarray(data.array).item())
-    _keep(host, data, checked=True)
-    return True
-
-
-def keep_on_device(host: torch.Tensor, new: torch.Tensor) -> None:
-    """Keep `new`, the device value a step computes for `host` (a step count the host computed
-    itself, as `new` was not computed yet), for the next step to read once computed and found
-    equal to the host's (_on_device): unread here, as reading it would wait for the step."""
-    data = _count_buffer(host, new)
-    if data is not None:
-        _keep(host, data, checked=False)
-
-
-def _count_buffer(host: torch.Tensor, new: torch.Tensor) -> DeviceData | None:
-    """The buffer of `new`, the new value of `host`, where `host` is a 0-d host tensor and `new` on
-    the device, bound to a buffer; else None."""
-    if new.device != DEVICE or host.dim() != 0 or host.requires_grad or host.device.type != "cpu":
-        return None
-    state = unwrap(new)._state
-    state.resolve()
-    return state.data
-
-
-def _keep(host: torch.Tensor, data: DeviceData, *, checked: bool) -> None:
-    kept = _kept(host)
-    # read-only: no step donates it, the next one reads it
-    _ON_DEVICE[id(host)] = (kept[0] if kept else weakref.ref(host), _exact(host),
-                            DeviceData(data.array, data.aval, read_only=True), checked)
-
-
-def _on_device(host: torch.Tensor, aval: Aval) -> DeviceData | None:
-    """The device value kept for this host tensor, if the host tensor still holds that value:
-    compared by value, so any way of writing it counts. One the host computed itself is read
-    once computed and compared first (uploaded until then)."""
-    kept = _kept(host)
-    if kept is None:
-        return None
-    ref, value, data, checked = kept
-    if data.aval != aval or _exact(host) != value:
-        return None
-    if not checked:
-        if not data.array.is_ready() or repr(np.asarray(data.array).item()) != value:
-            return None
-        _ON_DEVICE[id(host)] = (ref, value, data, True)
-    return data
-
-
-def _kept(host: torch.Tensor) -> tuple | None:
-    """What _ON_DEVICE keeps for this host tensor (not for a dead one whose id it reuses), or None."""
-    kept = _ON_DEVICE.get(id(host))
-    return kept if kept is not None and kept[0]() is host else None
-
-
-def _exact(host: torch.Tensor) -> str:
-    """A 0-d host tensor's value, exactly: repr tells floats apart (-0.0 from 0.0)."""
-    return repr(host.item())

@@ -269,16 +269,12 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
         if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
             current().sync(trigger=Trigger.COMPILED, source=sources.user_line())
-        # step counts: read from the step's result; where it is still computing (dispatched ahead),
-        # computed on the host as eager does (all of them before any is written), not waited for
-        counted = host_part(args, on_device) if host_part is not None and not all(
-            compiled_call.computed(new) for _, new in on_host) else None
+        # step counts: computed on the host from host inputs, as eager computes them (all of them
+        # before any is written): no read of the step's result, which waited for a step dispatched
+        # ahead; else read from it
+        counted = host_part(args, on_device) if host_part is not None and on_host else None
         for k, (original, new) in enumerate(on_host):
-            if counted is not None:
-                _copy_in(original, counted[k])
-                compiled_call.keep_on_device(original, new)
-            elif not compiled_call.took_on_host(original, new):
-                _copy_in(original, _computed_on_host(new))
+            _copy_in(original, counted[k] if counted is not None else _computed_on_host(new))
         return outputs[len(updated):]
 
     return call
