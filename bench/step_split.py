@@ -6,7 +6,7 @@ times ("Python per step"), and that Python split by timers around the parts that
 - xlakit calls: the rest of the backend's own work per graph call (finding the compiled call,
   reading its inputs' values, running a graph that does not join the step);
 - xlakit copy-in and step counts: the optimizer graph's new values given to its inputs, and
-  its host step counts read back (computed on the host where the step is still running);
+  its host step counts computed on the host (read back where the host cannot compute them);
 - step marker: Engine.sync less its executable's call (Engine._run, a record's execute);
 - AOTAutograd forward: the compiled forward's callable (its autograd Function and runtime
   wrappers) less the xlakit calls inside it;
@@ -99,12 +99,6 @@ def _patched(clock: _Clock):
                (dynamo, "_copy_in", clock.timed("xlakit copy-in and step counts", dynamo._copy_in), False),
                (dynamo, "_computed_on_host", clock.timed("xlakit copy-in and step counts", dynamo._computed_on_host),
                 False),
-               (compiled_call, "computed", clock.timed("xlakit copy-in and step counts", compiled_call.computed),
-                False),
-               (compiled_call, "took_on_host", clock.timed("xlakit copy-in and step counts",
-                                                           compiled_call.took_on_host), False),
-               (compiled_call, "keep_on_device", clock.timed("xlakit copy-in and step counts",
-                                                             compiled_call.keep_on_device), False),
                (dynamo._HostPart, "__call__", clock.timed("xlakit copy-in and step counts",
                                                           dynamo._HostPart.__call__), False),
                (executor.Engine, "sync", clock.timed("step marker", executor.Engine.sync), False),
