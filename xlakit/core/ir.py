@@ -88,9 +88,9 @@ class Source:
 
 
 class DeviceData:
-    """One device buffer (a jax.Array) and what is known about who may reuse it. A lifted
-    scalar's array is a 0-d numpy array on the host, which the executable's call moves
-    (core/transfer.lifted_scalar)."""
+    """One device buffer (a jax.Array) and what is known about who may reuse it. Read-only
+    data kept on the host (a lifted scalar; a compiled call's host input or random draw) holds
+    a numpy array, which the call of the executable that reads it moves (core/transfer.host_data)."""
 
     __slots__ = ("array", "aval", "label", "read_only", "donated", "__weakref__")
 

@@ -175,7 +175,7 @@ def plan(graph: Graph, donors: tuple[int, ...], marks: list | None = None) -> Pl
     takes a donated input's buffer keeps that input's sharding (a parameter
     updated in place stays sharded as it was), a marked output its mark's."""
     marks = constraints(graph) if marks is None else marks  # known: a replayed step's (engine/tape.py)
-    # a lifted scalar kept on the host (transfer.lifted_scalar) has none: replicated where it goes
+    # data kept on the host (transfer.host_data) has none: replicated where it goes
     shardings = [None if p.array.__class__ is np.ndarray else p.array.sharding for p in graph.params]
     named = [s for s in shardings if isinstance(s, NamedSharding)]
     # the mesh of what is split decides; a replicated input can move to it

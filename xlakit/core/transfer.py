@@ -41,12 +41,6 @@ def uploaded(t: torch.Tensor, *, label: str | None = None) -> DeviceData:
     return DeviceData(array, aval, label=label, read_only=True)
 
 
-def to_device_many(tensors: list[torch.Tensor]) -> list[jax.Array]:
-    """to_device of each, in one jax.device_put: its Python is most of what a small tensor's
-    upload costs (four 0-d tensors: 158 -> 87 µs)."""
-    return jax.device_put([_host_array(t) for t in tensors])
-
-
 def _host_array(t: torch.Tensor) -> np.ndarray:
     require_dense(t)
     # A copy, always: JAX's CPU client may alias a host array's memory instead of copying it,
@@ -94,7 +88,7 @@ def require_dense(t: torch.Tensor) -> None:
 
 
 def to_host(array: jax.Array | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """A torch tensor of `array`'s value: a device array's, or a lifted scalar's kept on the host."""
+    """A torch tensor of `array`'s value: a device array's, or one kept on the host (host_data)."""
     if array.__class__ is not np.ndarray and not array.is_fully_addressable and not array.is_fully_replicated:
         # split over several processes' devices: every process takes part (as it runs the same program)
         from jax.experimental import multihost_utils
@@ -109,7 +103,7 @@ def to_host(array: jax.Array | np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 def place(array: jax.Array | np.ndarray, sharding) -> jax.Array:
     """`array`'s value with `sharding` (JAX moves it). Across processes, device
     data one process holds (made from host data, which is the same in each
-    process of one program), and a lifted scalar kept on the host, is laid out from that host copy."""
+    process of one program), and data kept on the host (host_data), is laid out from that host copy."""
     on_host = array.__class__ is np.ndarray
     if sharding.is_fully_addressable or not on_host and not array.is_fully_addressable:
         return jax.device_put(array, sharding)

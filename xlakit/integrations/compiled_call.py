@@ -99,7 +99,7 @@ class CompiledCall:
                 continue
             new = new_tensor(aval, instance.root(position), index)
             outputs.append(new if k in bare else torch._to_functional_tensor(new))
-        current().recorded_graph(self.graph, operands, instance)  # with the roots its outputs hold
+        engine.recorded_graph(self.graph, operands, instance)  # with the roots its outputs hold
         return outputs
 
     def _arguments(self, inputs: list, values: list, of_value) -> list:
