@@ -127,7 +127,7 @@ class HostCopy:
 
 
 _SCALARS: dict[tuple, DeviceData] = PROCESS.memo(
-    "core.transfer: lifted scalars", 4096, "one device buffer per (value, dtype), shared by the nodes that lift it")
+    "core.transfer: lifted scalars", 4096, "one 0-d input per (value, dtype), shared by the nodes that lift it")
 
 
 def scalar_key(value):
