@@ -63,3 +63,55 @@ def test_unread_checks_stay_bounded_and_an_early_bad_index_still_raises(dev, mon
         bad.cpu()
     assert_same(total, torch.tensor(300.0))
     assert_same(totals[bad_at], torch.tensor(bad_at + 1.0))
+
+
+def test_a_step_marker_leaves_the_collector_as_found_and_no_collection_walks_its_nodes(dev, monkeypatch):
+    """The collector is off from the marker's sync until its graph is dropped (executor.collector_paused):
+    the step's nodes die by reference counting, before any collection could walk them; a user's
+    choice to keep it off stands."""
+    import gc
+
+    from xlakit.core.ir import Node
+
+    x = torch.ones(64).to(dev)
+    walked, threshold = [], gc.get_threshold()
+
+    def watch(phase, info):
+        if phase == "start":
+            walked.append(sum(type(o) is Node for o in gc.get_objects(generation=0)))
+
+    compute = type(current())._compute
+
+    def collecting_soon(*args, **kwargs):  # from inside the sync: any allocation once the collector is on collects
+        gc.set_threshold(1)
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(type(current()), "_compute", collecting_soon)
+    for step in range(3):  # recorded, then replayed
+        gc.collect()
+        gc.set_threshold(1 << 30)  # the step's nodes stay young, as between two collections
+        try:
+            y = x
+            for _ in range(50):
+                y = y * 1.5 + 1
+            gc.callbacks.append(watch)
+            xlakit.mark_step()
+            assert gc.isenabled()
+            gc.collect(0)
+        finally:
+            if watch in gc.callbacks:
+                gc.callbacks.remove(watch)
+            gc.set_threshold(*threshold)
+        assert walked and max(walked) == 0, (step, walked)
+        walked.clear()
+    eager = torch.ones(64)
+    for _ in range(50):
+        eager = eager * 1.5 + 1
+    assert_same(y, eager)
+    gc.disable()
+    try:
+        (x * 2).sum()
+        xlakit.mark_step()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
