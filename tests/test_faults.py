@@ -275,3 +275,47 @@ def test_a_fault_in_a_later_run_names_the_tensors_whose_buffers_it_took(dev, mon
     with pytest.raises(StepFailedError, match="INTERNAL: injected"):
         w.cpu()
     assert other.cpu().tolist() == [5.0, 5.0]
+
+
+def test_owned_tensors_that_die_leave_the_owners_and_one_at_a_freed_address_is_owned_anew(dev):
+    """front/tensor.py's owners, by the tensor's id, weakly: a dead tensor's entry goes with it (no
+    growth over a loop), and a new tensor, which may take a dead one's address, gets an Owner of its own
+    and its own value back from a failed step."""
+    from xlakit.front import tensor as owners
+
+    alive = len(owners._OWNED)
+    seen = set()
+    for i in range(40):
+        t = torch.full((3,), float(i)).to(dev)
+        t.add_(1)
+        xlakit.mark_step()
+        owner = owners.owner_of(t)
+        assert owner is not None and owner.id not in seen
+        seen.add(owner.id)
+        del t
+        assert len(owners._OWNED) == alive
+    kept = torch.full((3,), 5.0).to(dev)
+    xlakit.mark_step()
+    kept.mul_(2)
+    huge = torch.zeros(2**46, dtype=torch.float32, device=dev)
+    with pytest.raises(StepExecutionError, match="keep their values from before it"):
+        xlakit.mark_step()
+    del huge
+    assert kept.cpu().tolist() == [5.0, 5.0, 5.0]
+
+
+def test_a_step_that_fails_again_gives_its_tensors_back_again(dev):
+    """Until a run of an executable succeeded, each run keeps host copies of the buffers it donates
+    (executor._run): the same failing step twice, a tensor it updated in place keeps its value both times."""
+    w = torch.full((3,), 2.0).to(dev)
+    xlakit.mark_step()
+    for attempt in range(2):
+        w.mul_(3)
+        huge = torch.zeros(2**46, dtype=torch.float32, device=dev)
+        with pytest.raises(StepExecutionError, match="keep their values from before it"):
+            xlakit.mark_step()
+        del huge
+        assert w.cpu().tolist() == [2.0, 2.0, 2.0], attempt
+    w.add_(1)
+    xlakit.mark_step()
+    assert w.cpu().tolist() == [3.0, 3.0, 3.0]

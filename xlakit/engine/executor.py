@@ -375,11 +375,11 @@ class Engine:
 
     def _run(self, entry, arrays: list, graph: Graph | None, donors):
         """Run `entry` on `arrays`; `donors`: the DeviceData whose buffers it is given. JAX deletes
-        those even when the run fails; an executable's first run, the one a new batch size or a
-        grown model makes (where memory most often runs out), keeps host copies of them to put back
+        those even when the run fails; until a run of an executable succeeded (its first, the one a
+        new batch size or a grown model makes, where memory most often runs out, and each after one
+        that failed: the same step again fails again), its run keeps host copies of them to put back
         (its cost, once per executable: one copy of the donated bytes to host memory)."""
         kept = [(data, transfer.HostCopy(data.array)) for data in donors] if entry.uses == 0 else ()
-        entry.uses += 1
         if self.profiling is not None:  # before the run: it frees the buffers it donates
             self.profiling.keep_inputs(entry, arrays)
         try:
@@ -387,6 +387,7 @@ class Engine:
             self.in_flight = outputs
             if config.wait_for_execution:
                 self._block(graph)
+            entry.uses += 1
             return outputs
         except Exception as e:  # noqa: BLE001 - a fault at dispatch, before any output exists, or in the run
             for data, copy in kept:
