@@ -28,9 +28,11 @@ _marked: list[tuple[int, list[tuple[torch.Tensor, torch.Tensor]]]] = []
 def _keep_host_state(optimizer, args, kwargs) -> None:
     if torch.compiler.is_compiling():  # Dynamo inlines this hook: nothing to trace
         return
-    kept = [(value, value.clone()) for group in optimizer.param_groups for p in group["params"]
+    # a 0-d state (a step count) kept as its Python number: a tensor's clone costs ~1 µs more
+    kept = [(value, value.item() if value.dim() == 0 else value.clone())
+            for group in optimizer.param_groups for p in group["params"]
             if p.device == DEVICE for value in optimizer.state.get(p, {}).values()
-            if isinstance(value, torch.Tensor) and value.device.type == "cpu"]
+            if isinstance(value, torch.Tensor) and value.is_cpu]
     if kept:
         _since_marker.append((recording_mark(), kept))
 
@@ -49,7 +51,7 @@ def _give_back(stopped_at: int | None) -> None:
             for value, before in kept if stopped_at is None or mark > stopped_at else ():
                 if id(value) not in given:
                     given.add(id(value))
-                    value.copy_(before)
+                    value.copy_(before) if isinstance(before, torch.Tensor) else value.fill_(before)
     _marked.clear()
 
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import itertools
 import time
+import weakref
 
 import torch
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..core import sources, transfer
 from ..core.ir import Aval, DeviceData, Node
@@ -166,7 +166,21 @@ class Owner:
         self.id, self.label = id_, None
 
 
-_OWNED: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # tensor -> Owner
+class _OwnedRef(weakref.ref):
+    """An owned tensor's weak reference, with its Owner and its key in _OWNED (the tensor's id).
+    Not torch's WeakTensorKeyDictionary: its lookup makes a weak reference in Python each time
+    (~1.1 µs; the optimizer's naming hook asks for every parameter and state at every step), and
+    its iteration is a Python generator (stamp_owners runs one at every marker)."""
+
+    __slots__ = ("owner", "key")
+
+
+def _disowned(ref: _OwnedRef) -> None:
+    if _OWNED.get(ref.key) is ref:
+        del _OWNED[ref.key]
+
+
+_OWNED: dict[int, _OwnedRef] = {}  # id(tensor) -> its reference
 _owner_ids = itertools.count(1)
 # the TensorImpls of _OWNED's tensors as of the last own or stamp: the in-place write path's test
 # before own_at_write, which allocates nothing (each allocation brings Python's collector nearer);
@@ -175,15 +189,19 @@ owned_impls: set[int] = set()
 
 
 def own(t: torch.Tensor) -> Owner:
-    owner = _OWNED.get(t)
-    if owner is None:
-        owner = _OWNED[t] = Owner(next(_owner_ids))
-        owned_impls.add(t._cdata)
-    return owner
+    ref = _OWNED.get(id(t))
+    if ref is not None and ref() is t:
+        return ref.owner
+    ref = _OwnedRef(t, _disowned)
+    ref.owner, ref.key = Owner(next(_owner_ids)), id(t)
+    _OWNED[ref.key] = ref
+    owned_impls.add(t._cdata)
+    return ref.owner
 
 
 def owner_of(t: torch.Tensor) -> Owner | None:
-    return _OWNED.get(t)
+    ref = _OWNED.get(id(t))
+    return ref.owner if ref is not None and ref() is t else None
 
 
 def own_at_write(t: torch.Tensor) -> None:
@@ -237,7 +255,10 @@ def stamp_owners() -> None:
     engine = current()
     value_of, owned = engine.value_of, engine.owned
     owned_impls.clear()
-    for t, owner in list(_OWNED.items()):
+    for ref in list(_OWNED.values()):
+        t, owner = ref(), ref.owner
+        if t is None:
+            continue
         owned_impls.add(t._cdata)
         value = value_of(unwrap(t))
         data = value.data
