@@ -251,7 +251,7 @@ def stamp_owners() -> None:
     """Stamp every owned tensor's value (before each step marker). A value stamped before and
     unchanged since (its owner and name on it, its buffer the ledger's for its tensor) is passed
     over: nothing written, no weak reference made in the ledger. Each owned tensor is still
-    visited (~5 µs a tensor in a step's process, mostly its unwrap; bench/RESULTS.md, sixth round)."""
+    visited (~1.5–2.7 µs a tensor, mostly its unwrap; bench/RESULTS.md, seventeenth round)."""
     engine = current()
     value_of, owned = engine.value_of, engine.owned
     owned_impls.clear()
