@@ -66,7 +66,7 @@ def test_unread_checks_stay_bounded_and_an_early_bad_index_still_raises(dev, mon
 
 
 def test_a_step_marker_leaves_the_collector_as_found_and_no_collection_walks_its_nodes(dev, monkeypatch):
-    """The collector is off from the marker's sync until its graph is dropped (executor.collector_paused):
+    """The collector is off from the marker's sync until its graph is dropped (Engine.mark_step):
     the step's nodes die by reference counting, before any collection could walk them; a user's
     choice to keep it off stands."""
     import gc

@@ -6,7 +6,7 @@ import torch
 from .core.record import StepRecord, Trigger
 from .core.sources import user_line
 from .core.state import PROCESS
-from .engine.executor import collector_paused, current
+from .engine.executor import current
 from .front import install
 from .front.recorder import DEVICE
 from .front.tensor import lazy_values
@@ -24,15 +24,13 @@ def device() -> torch.device:
 
 def mark_step() -> None:
     """Step marker: compute all pending work of all live tensors; may donate."""
-    with collector_paused():  # until what sync returns (the step's graph) is dropped, here
-        current().sync(trigger=Trigger.MARK_STEP, source=user_line())
+    current().mark_step(trigger=Trigger.MARK_STEP, source=user_line())
 
 
 def sync(tensors=None) -> None:
     """`sync()` is a step marker; `sync([t, ...])` computes only those, never donating."""
     if tensors is None:
-        with collector_paused():  # as mark_step's
-            current().sync(trigger=Trigger.SYNC, source=user_line())
+        current().mark_step(trigger=Trigger.SYNC, source=user_line())
     else:
         current().sync(lazy_values(tensors), trigger=Trigger.SYNC, source=user_line())
 

@@ -39,7 +39,7 @@ from ..core import sources, transfer
 from ..core.record import Trigger
 from ..core.state import PROCESS, Numbering
 from ..engine import cache, compiled
-from ..engine.executor import collector_paused, current
+from ..engine.executor import current
 from ..front import autocast, dynamo_frames, install, labels
 from ..front.recorder import DEVICE, LazyTensor, draws_logged, unwrap
 from ..front.tensor import lazy_tensor, note_computed
@@ -268,8 +268,7 @@ def xlakit_backend(gm: torch.fx.GraphModule, example_inputs):
         # an optimizer step that joined the lazy step ends it; a graph that updates only gradients
         # (clip_grad_norm_ rescaling them) leaves it to the optimizer's graph that follows
         if any(_pending(args[i]) for i in updated) and not set(updated) <= gradients:
-            with collector_paused():  # as xlakit.mark_step's
-                current().sync(trigger=Trigger.COMPILED, source=sources.user_line())
+            current().mark_step(trigger=Trigger.COMPILED, source=sources.user_line())
         # step counts: computed on the host from host inputs, as eager computes them (all of them
         # before any is written): no read of the step's result, which waited for a step dispatched
         # ahead; else read from it
